@@ -1,0 +1,59 @@
+"""Teacher-forced likelihoods: the held-out NLL of a lower line given its upper line, and batch scoring.
+
+Used by training (validation), `couplet.evaluate` (`nll_per_char`, `nll_delta`) and the 横批 chooser.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from couplet.tokenizer import FormatIds, char_ids
+
+
+@torch.no_grad()
+def sequence_logprobs(model: PreTrainedModel, seqs: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
+    """log p(token_t | tokens_<t) for every position t >= 1 of right-padded sequences.
+
+    Returns (batch, max_len - 1) float32; entries past a sequence's end are meaningless (mask them).
+    """
+    width = max(len(s) for s in seqs)
+    device = model.device
+    inputs = torch.full((len(seqs), width), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long, device=device)
+    for row, s in enumerate(seqs):
+        inputs[row, : len(s)] = torch.tensor(list(s), device=device)
+        mask[row, : len(s)] = 1
+    logits = model(input_ids=inputs, attention_mask=mask).logits.float()
+    logp = torch.log_softmax(logits[:, :-1], dim=-1)  # (batch, width-1, vocab)
+    return logp.gather(-1, inputs[:, 1:, None]).squeeze(-1)
+
+
+def lower_line_nll(
+    model: PreTrainedModel,
+    tok: PreTrainedTokenizerBase,
+    pairs: Sequence[tuple[str, str]],
+    keywords: str = "",
+    batch_size: int = 256,
+) -> list[float]:
+    """Per pair, the mean negative log-likelihood (nats per character) of `lower` given `upper`.
+
+    The prompt is `<bos> <Ln> keywords <sep> upper <mid>`; only the lower line's characters are scored
+    (not <eos>), so the figure is per character of 下联 as the foundation issue defines it.
+    """
+    f = FormatIds.of(tok)
+    out: list[float] = []
+    for start in range(0, len(pairs), batch_size):
+        chunk = pairs[start : start + batch_size]
+        seqs, spans = [], []
+        for upper, lower in chunk:
+            head = [f.bos, f.length[len(upper)], *char_ids(tok, keywords), f.sep, *char_ids(tok, upper), f.mid]
+            seqs.append(head + char_ids(tok, lower) + [f.eos])
+            spans.append((len(head), len(head) + len(lower)))
+        logp = sequence_logprobs(model, seqs, f.pad)
+        for row, (a, b) in enumerate(spans):
+            # logp[:, t-1] scores token t
+            out.append(-logp[row, a - 1 : b - 1].mean().item())
+    return out

@@ -1,0 +1,107 @@
+"""A registered attention function: transformers' own SDPA path, plus a record of the attention paid.
+
+`install_attention(model)` registers `couplet_kv_sdpa` once, in both `AttentionInterface` (the attention
+function) and `AttentionMaskInterface` (its mask builder: exactly transformers' `sdpa_mask`), and switches
+the model to it. Outputs are bit-identical to `attn_implementation="sdpa"`: the function returns what
+`sdpa_attention_forward` returns and never touches it. The model is never switched to eager.
+
+Recording happens only while a session's forward is running (a context variable holds the active cache,
+so concurrent threads do not see each other's) and only if that cache asks for it: the softmax of
+q·kᵀ·scale under the same mask, averaged over the query heads of each KV head's group (GQA), summed over
+the real (non-padding) queries, is added to the layer's per-slot accumulated score.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+ATTENTION_NAME = "couplet_kv_sdpa"
+
+
+@dataclass
+class Recording:
+    """What the attention function needs during one forward: per-layer sinks and which queries are real."""
+
+    layers: list[Any]  # cache layers; those with `wants_scores` True receive `record(...)`
+    query_valid: torch.Tensor | None  # (batch, q) bool; None = all real
+
+
+_ACTIVE: ContextVar[Recording | None] = ContextVar("couplet_kv_recording", default=None)
+
+
+@contextmanager
+def recording(rec: Recording | None) -> Iterator[None]:
+    token = _ACTIVE.set(rec)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+def attention_scores(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, scaling: float,
+                     query_valid: torch.Tensor | None) -> torch.Tensor:
+    """Attention probabilities summed over real queries, averaged over each KV head's query heads.
+
+    query (batch, q_heads, q, head_dim), key (batch, kv_heads, kv_len, head_dim), mask None (causal,
+    bottom-right aligned) or (batch, 1, q, kv_len) bool / additive float. Returns (batch, kv_heads, kv_len).
+    """
+    b, hq, q, d = query.shape
+    hk, kv_len = key.shape[1], key.shape[2]
+    groups = hq // hk
+    if q == 1 and mask is None and query_valid is None:  # the decode step: one query sees every slot
+        logits = torch.matmul(query.reshape(b, hk, groups, d).float(), key.float().transpose(-1, -2)) * scaling
+        return torch.softmax(logits, dim=-1).mean(2)  # (batch, kv_heads, kv_len)
+    # (batch, kv_heads, groups*q, head_dim) @ (batch, kv_heads, head_dim, kv_len)
+    logits = torch.matmul(query.reshape(b, hk, groups * q, d).float(), key.float().transpose(-1, -2)) * scaling
+    logits = logits.view(b, hk, groups, q, kv_len)
+    if mask is None:
+        if q > 1:  # bottom-right causal: query i sees keys up to kv_len - q + i
+            rows = torch.arange(q, device=key.device)[:, None] + (kv_len - q)
+            visible = torch.arange(kv_len, device=key.device)[None, :] <= rows
+            logits = logits.masked_fill(~visible, float("-inf"))
+    elif mask.dtype == torch.bool:
+        logits = logits.masked_fill(~mask[:, :, None], float("-inf"))  # (batch, 1, 1, q, kv_len)
+    else:
+        logits = logits + mask[:, :, None].float()
+    probs = torch.softmax(logits, dim=-1).nan_to_num_(0.0).mean(2)  # (batch, kv_heads, q, kv_len)
+    if query_valid is not None:
+        probs = probs * query_valid[:, None, :, None]
+    return probs.sum(2)
+
+
+def recording_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                             attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' SDPA attention, unchanged; records scores for the active cache's layer if it asks."""
+    out = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    rec = _ACTIVE.get()
+    if rec is not None:
+        layer_idx = getattr(module, "layer_idx", None)
+        layer = rec.layers[layer_idx] if layer_idx is not None and layer_idx < len(rec.layers) else None
+        if layer is not None and getattr(layer, "wants_scores", False):
+            scaling = kwargs.get("scaling")
+            if scaling is None:
+                scaling = getattr(module, "scaling", query.shape[-1] ** -0.5)
+            layer.record(attention_scores(query, key, attention_mask, float(scaling), rec.query_valid))
+    return out
+
+
+def install_attention(model: Any) -> None:
+    """Register (once) and select the recording SDPA attention for `model`. Idempotent; outputs identical to sdpa."""
+    if ATTENTION_NAME not in AttentionInterface._global_mapping:
+        AttentionInterface.register(ATTENTION_NAME, recording_sdpa_attention)
+    if ATTENTION_NAME not in AttentionMaskInterface._global_mapping:
+        AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+    if model.config._attn_implementation != ATTENTION_NAME:
+        model.set_attn_implementation(ATTENTION_NAME)
+        if model.config._attn_implementation != ATTENTION_NAME:
+            raise ValueError(f"{type(model).__name__} does not let its attention implementation be set to "
+                             f"{ATTENTION_NAME!r}; it must use transformers' AttentionInterface")

@@ -1,0 +1,56 @@
+"""`combo`: the staged combination — prompt shared through the pool and quantized; generated tokens
+kept selectively (with the sinks + recent window as a safety net) and stored quantized.
+
+It composes the other policies rather than copying them: a `SharedPolicy` for the pool, an
+`Int8Policy`/`Int4Policy` for the storage format (the same per-token rows in pool blocks and in the
+request's own store, so eviction is a gather of quantized rows), and a `SelectivePolicy` for retention.
+
+Budget: `ratio` of the tokens seen, counted over everything the request attends to, prompt included.
+The prompt is kept whole, wherever it lives (pool blocks are shared and immutable; the part not in a
+full block is kept too, so results do not depend on the pool's state); generated tokens compete for the
+rest, with the sinks + `recent` window always kept. Defaults, for the embedded
+model (256 B per uncompressed token per layer; an int4 row costs 72 B): a 21-token couplet with a
+6-token prompt keeps 11 tokens, one of them at full precision, (10 x 72 + 256) / (21 x 256) = 0.18x;
+a 27-token one with a 12-token prompt, (13 x 72 + 256) / (27 x 256) = 0.17x (target <= 0.20x).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from couplet.kvcache.attention import install_attention
+from couplet.kvcache.base import Policy, check_choice
+from couplet.kvcache.pool import PrefixPool
+from couplet.kvcache.quantized import Int4Policy, Int8Policy, QuantizedPolicy
+from couplet.kvcache.selective import SelectivePolicy
+from couplet.kvcache.session import ModeSession
+from couplet.kvcache.shared import SharedPolicy
+
+
+@dataclass
+class ComboPolicy(Policy):
+    """Shared + quantized prompt, selective + quantized generation. See the module docstring."""
+
+    name: ClassVar[str] = "combo"
+    bits: int = 4
+    ratio: float = 0.5
+    sinks: int = 2
+    recent: int = 2
+    floor: int = 4
+    residual: int = 1
+    block_size: int = 2
+    group_size: int | None = None
+
+    def __post_init__(self) -> None:
+        check_choice("bits", self.bits, (8, 4))
+        self.selection = SelectivePolicy(self.ratio, self.sinks, self.recent, self.floor, keep_prompt=True)
+        storage_cls = Int8Policy if self.bits == 8 else Int4Policy
+        self.storage: QuantizedPolicy = storage_cls(residual=self.residual, group_size=self.group_size)
+        self.sharing_policy = SharedPolicy(self.block_size)
+
+    def new_session(self, model: Any, pool: PrefixPool | None = None) -> ModeSession:
+        install_attention(model)
+        cache = self.selection.make_cache(model, self.storage.make_store)
+        sharing = self.sharing_policy.sharing(model, pool, self.storage.codec())
+        return ModeSession(self.name, model, cache, retention=self.selection, sharing=sharing)

@@ -1,0 +1,170 @@
+"""A process-wide pool of immutable prompt KV blocks shared by all requests (vLLM automatic prefix caching).
+
+A block holds `block_size` tokens of one sequence, for every layer, in a codec's format (full precision
+for `shared`, quantized for `combo`). Its key is a hash chain: key_i = H(key_{i-1} || token ids of block i),
+with key_{-1} = H(namespace), where the namespace names the model instance, dtype, device, codec and block
+size — so a block key identifies the whole prefix up to and including that block, and blocks of different
+formats never mix. Blocks are reference-counted by the requests using them; only unreferenced blocks are
+evicted, least recently used first, to stay within `max_bytes`. A block is never mutated after insertion.
+Thread-safe (one lock), since a serving engine may run requests on several threads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from couplet.kvcache.storage import storage_bytes
+
+
+@dataclass(eq=False)
+class Block:
+    """One immutable block: `payload[layer]` is the codec's tuple for that layer, (kv_heads, block_size, ·)."""
+
+    key: bytes
+    parent: bytes
+    tokens: tuple[int, ...]
+    payload: tuple[tuple, ...] = field(repr=False)
+    nbytes: int
+    refs: int = 0
+
+
+def chain_keys(namespace: str, tokens: Sequence[int], block_size: int) -> list[bytes]:
+    """Keys of the full blocks of `tokens` (a trailing partial block has no key)."""
+    parent = root_key(namespace)
+    keys = []
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        ids = array("q", [int(t) for t in tokens[start:start + block_size]]).tobytes()
+        parent = hashlib.blake2b(parent + ids, digest_size=16).digest()
+        keys.append(parent)
+    return keys
+
+
+def root_key(namespace: str) -> bytes:
+    return hashlib.blake2b(namespace.encode(), digest_size=16).digest()
+
+
+class PrefixPool:
+    """Ref-counted, LRU-evicted, byte-budgeted store of prompt KV blocks.
+
+    `nbytes` is the real storage of every block held (each counted once, whoever uses it); a request's
+    share of a block is `block.nbytes / block.refs`.
+    """
+
+    def __init__(self, max_bytes: int = 64 * 2**20) -> None:
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        self.max_bytes = max_bytes
+        self._blocks: dict[bytes, Block] = {}
+        self._free: OrderedDict[bytes, None] = OrderedDict()  # unreferenced, least recently used first
+        self._lock = threading.RLock()
+        self.nbytes = 0
+        self.hits = self.misses = self.evictions = self.rejected = 0
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._blocks
+
+    def get(self, key: bytes) -> Block | None:
+        return self._blocks.get(key)
+
+    def refcount(self, key: bytes) -> int:
+        block = self._blocks.get(key)
+        return 0 if block is None else block.refs
+
+    def total_refs(self) -> int:
+        with self._lock:
+            return sum(b.refs for b in self._blocks.values())
+
+    def acquire_prefix(self, keys: Sequence[bytes]) -> list[Block]:
+        """Reference the longest run of `keys` present from the start (a cache hit), atomically."""
+        with self._lock:
+            out = []
+            for key in keys:
+                block = self._blocks.get(key)
+                if block is None:
+                    break
+                out.append(block)
+            for block in out:
+                self._ref(block)
+            self.hits += len(out)
+            self.misses += len(keys) - len(out)
+            return out
+
+    def insert(self, key: bytes, parent: bytes, tokens: tuple[int, ...], payload: tuple[tuple, ...],
+               tensors: list[torch.Tensor]) -> Block | None:
+        """Add a block (or find the one already there) and reference it; None if the budget has no room
+        even after evicting every unreferenced block (the caller then keeps its rows private)."""
+        with self._lock:
+            block = self._blocks.get(key)
+            if block is None:
+                size = storage_bytes(tensors)
+                if not self._make_room(size):
+                    self.rejected += 1
+                    return None
+                block = Block(key, parent, tokens, payload, size)
+                self._blocks[key] = block
+                self.nbytes += size
+            self._ref(block)
+            return block
+
+    def release(self, blocks: Sequence[Block]) -> None:
+        """Drop one reference from each block. Deepest blocks are released first so that they sit older in
+        the LRU order than their parents: a chain is then evicted leaf first, never leaving orphans."""
+        with self._lock:
+            for block in reversed(blocks):
+                if block.refs <= 0:
+                    raise RuntimeError("prefix block released more often than acquired")
+                block.refs -= 1
+                if block.refs == 0:
+                    self._free[block.key] = None
+                    self._free.move_to_end(block.key)
+
+    def clear(self) -> None:
+        """Drop every unreferenced block."""
+        with self._lock:
+            while self._free:
+                self._evict_one()
+
+    def _ref(self, block: Block) -> None:
+        block.refs += 1
+        self._free.pop(block.key, None)
+
+    def _make_room(self, size: int) -> bool:
+        while self.nbytes + size > self.max_bytes and self._free:
+            self._evict_one()
+        return self.nbytes + size <= self.max_bytes
+
+    def _evict_one(self) -> None:
+        key, _ = self._free.popitem(last=False)
+        block = self._blocks.pop(key)
+        assert block.refs == 0, "only unreferenced blocks are evicted"
+        self.nbytes -= block.nbytes
+        self.evictions += 1
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {"blocks": len(self._blocks), "bytes": self.nbytes, "max_bytes": self.max_bytes,
+                    "referenced": len(self._blocks) - len(self._free), "refs": self.total_refs(),
+                    "hits": self.hits, "misses": self.misses, "evictions": self.evictions, "rejected": self.rejected}
+
+
+_DEFAULT_POOL: PrefixPool | None = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def default_pool() -> PrefixPool:
+    """The process-wide pool `shared`/`combo` sessions use when none is passed (64 MiB budget)."""
+    global _DEFAULT_POOL
+    with _DEFAULT_LOCK:
+        if _DEFAULT_POOL is None:
+            _DEFAULT_POOL = PrefixPool()
+        return _DEFAULT_POOL

@@ -1,0 +1,298 @@
+"""Per-layer storage of a request's own KV rows: full precision (`PlainStore`) or quantized (`QuantStore`).
+
+Storage is apart from selection: a store only appends, materializes full-precision keys/values for
+attention, and gathers the slots a retention policy chose. Shapes are transformers' cache layout,
+(batch, kv_heads, slots, head_dim). Every tensor a store holds is an owning, compact tensor (never a view
+into a bigger buffer), so `nbytes()` — the sum of `untyped_storage().nbytes()` — is exactly what it holds.
+
+Block codecs turn one row's slice of keys/values, (kv_heads, tokens, head_dim), into the immutable
+payload stored in the prefix pool, and back.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from couplet.kvcache.quant import QuantRows, cat_rows, check_format, dequantize, gather_rows, quantize, take_rows
+
+
+def own(t: torch.Tensor) -> torch.Tensor:
+    """`t` itself if it owns exactly its storage, else a compact copy (a view would hold its whole base)."""
+    if t.storage_offset() == 0 and t.is_contiguous() and t.untyped_storage().nbytes() == t.numel() * t.element_size():
+        return t
+    return t.contiguous().clone()
+
+
+def storage_bytes(tensors: list[torch.Tensor]) -> int:
+    """Bytes of the storages behind `tensors`, each storage counted once."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        s = t.untyped_storage()
+        seen[s.data_ptr() or id(s)] = s.nbytes()
+    return sum(seen.values())
+
+
+class Store(Protocol):
+    """What a cache layer needs from its storage."""
+
+    @property
+    def length(self) -> int: ...  # slots held
+    @property
+    def n_tail(self) -> int: ...  # trailing slots eviction must keep, in place (full-precision residual)
+    @property
+    def can_gather(self) -> bool: ...
+    def update(self, k: torch.Tensor, v: torch.Tensor,
+               valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def kv(self) -> tuple[torch.Tensor, torch.Tensor] | None: ...  # full-precision view of all slots
+    def seal(self) -> None: ...  # store every slot in the compact format now (no residual)
+    def gather(self, index: torch.Tensor, tail_pinned: bool) -> None: ...
+    def tensors(self) -> list[torch.Tensor]: ...
+    def nbytes(self) -> int: ...
+
+
+class PlainStore:
+    """Full-precision rows; `update` is exactly DynamicLayer's concatenation."""
+
+    n_tail = 0
+    can_gather = True
+
+    def __init__(self) -> None:
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[-2]
+
+    def update(self, k: torch.Tensor, v: torch.Tensor,
+               valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append (batch, heads, q, dim) rows; return all rows (the stored tensors themselves)."""
+        self.k = own(k) if self.k is None else torch.cat([self.k, k], dim=-2)
+        self.v = own(v) if self.v is None else torch.cat([self.v, v], dim=-2)
+        return self.k, self.v
+
+    def kv(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return None if self.k is None or self.v is None else (self.k, self.v)
+
+    def seal(self) -> None:
+        pass
+
+    def gather(self, index: torch.Tensor, tail_pinned: bool = True) -> None:
+        assert self.k is not None and self.v is not None
+        self.k, self.v = take_rows(self.k, index), take_rows(self.v, index)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.k, self.v) if t is not None]
+
+    def nbytes(self) -> int:
+        return storage_bytes(self.tensors())
+
+
+class QuantStore:
+    """KIVI-style quantized rows plus a full-precision residual of the most recent `residual` tokens.
+
+    Values are quantized per token (groups of `group` channels). Keys are quantized per token too when
+    `key_axis == "token"` — then keys and values are stored together as one (2, batch, heads, tokens, ·)
+    tensor, quantized and dequantized in one call — or per channel (KIVI's choice) when
+    `key_axis == "channel"`: groups of `key_group` tokens share one scale per channel, layout (batch, heads,
+    head_dim, tokens); the open group waits at full precision next to the residual until it is complete,
+    and such rows cannot be gathered one by one (no eviction).
+    Attention sees old rows dequantized (a transient copy) and the tokens of the current step at full
+    precision; after the forward, `flush_all` quantizes whatever left the residual (all layers in one call;
+    a store that was not flushed catches up on its next update).
+    """
+
+    def __init__(self, bits: int, group: int | None, residual: int, symmetric: bool = True,
+                 key_axis: str = "token", key_group: int = 8) -> None:
+        self.bits, self.residual, self.symmetric = bits, residual, symmetric
+        self.group = group or 0  # channels per scale; 0 = head_dim, resolved on the first update
+        self.key_axis, self.key_group = key_axis, key_group
+        self.rows: QuantRows | None = None  # per-token rows: (2, b, h, tokens, ·) [keys, values], or (1, ...) [values]
+        self.kq: QuantRows | None = None  # per-channel keys: (b, h, head_dim, tokens)
+        self.res: torch.Tensor | None = None  # (2, b, h, r, head_dim) full-precision residual [keys, values]
+        self.dtype: torch.dtype | None = None
+
+    @property
+    def n_quantized(self) -> int:
+        return 0 if self.rows is None else self.rows.scale.shape[-2]
+
+    @property
+    def n_tail(self) -> int:
+        return 0 if self.res is None else self.res.shape[-2]
+
+    @property
+    def length(self) -> int:
+        return self.n_quantized + self.n_tail
+
+    @property
+    def can_gather(self) -> bool:
+        return self.key_axis == "token"
+
+    def _stacked(self, extra: torch.Tensor | None = None) -> torch.Tensor | None:
+        """All slots at full precision (then `extra`) as (2, b, h, slots, head_dim); a transient copy."""
+        if self.length == 0:
+            return extra
+        assert self.dtype is not None
+        parts = []
+        if self.rows is not None:
+            old = dequantize(self.rows, self.dtype)
+            if self.kq is not None:  # per-channel keys: (b, h, head_dim, t) -> (1, b, h, t, head_dim)
+                old = torch.cat([dequantize(self.kq, self.dtype).transpose(-1, -2)[None], old])
+            parts.append(old)
+        if self.res is not None:
+            parts.append(self.res)
+        if extra is not None:
+            parts.append(extra)
+        return torch.cat(parts, dim=-2) if len(parts) > 1 else parts[0]
+
+    def kv(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """All slots at full precision (quantized rows dequantized: a transient copy), or None if empty."""
+        kv = self._stacked()
+        return None if kv is None else (kv[0], kv[1])
+
+    def update(self, k: torch.Tensor, v: torch.Tensor,
+               valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return old rows (dequantized) + residual + the new rows at full precision; then store the new rows.
+
+        `valid` (batch, q) bool marks real tokens; padding is zeroed before it can enter per-channel scales.
+        """
+        if self.dtype is None:
+            self.dtype = k.dtype
+            self.group = self.group or int(k.shape[-1])  # default: one scale per head row
+            check_format(self.bits, self.group, k.shape[-1])
+            if self.key_axis == "channel":
+                check_format(self.bits, self.key_group, self.key_group)
+        if self.overflow() > 0:  # nobody flushed after the last forward (see `flush_all`)
+            self._flush()
+        new = torch.stack([k, v])  # (2, b, h, q, head_dim)
+        full = self._stacked(extra=new)
+        assert full is not None
+        if valid is not None and self.key_axis == "channel":
+            new = torch.where(valid[None, :, None, :, None], new, torch.zeros((), dtype=new.dtype, device=new.device))
+        self.res = new if self.res is None else torch.cat([self.res, new], dim=-2)
+        return full[0], full[1]
+
+    def overflow(self, keep: int | None = None) -> int:
+        """Residual rows to quantize now: beyond `keep` (default `residual`), whole key groups per channel."""
+        n = self.n_tail - (self.residual if keep is None else keep)
+        if self.key_axis == "channel":
+            n = (n // self.key_group) * self.key_group
+        return max(n, 0)
+
+    @staticmethod
+    def flush_all(stores: list[QuantStore]) -> None:
+        """Quantize every store's overflow after a forward — one `quantize` call for all layers when they are
+        alike (per-token, same overflow), which is most of the per-step cost of a quantized cache."""
+        if not stores:
+            return
+        n = stores[0].overflow()
+        alike = all(s.key_axis == "token" and s.overflow() == n and s.res is not None for s in stores)
+        if not alike or n == 0 or len(stores) == 1:
+            for s in stores:
+                s._flush()
+            return
+        head = stores[0]
+        rows = quantize(torch.stack([s.res[..., :n, :] for s in stores]),  # type: ignore[index]
+                        head.bits, head.group, head.symmetric)  # (layers, 2, b, h, n, ·)
+        for i, s in enumerate(stores):
+            mine = rows.map(lambda t, i=i: t[i])  # type: ignore[misc]
+            s.rows = mine.map(own) if s.rows is None else cat_rows([s.rows, mine], dim=-2)
+            assert s.res is not None
+            s.res = None if n == s.res.shape[-2] else own(s.res[..., n:, :])
+
+    def seal(self) -> None:
+        """Quantize the residual now (whole key groups only, per channel); e.g. a prompt stored like pool blocks."""
+        if self.res is not None:
+            self._flush(keep=0)
+
+    def _flush(self, keep: int | None = None) -> None:
+        """Quantize the oldest residual rows beyond `keep` (default `residual`)."""
+        n = self.overflow(keep)
+        if n == 0:
+            return
+        assert self.res is not None
+        old = self.res[..., :n, :]  # (2, b, h, n, head_dim)
+        self.res = None if n == self.res.shape[-2] else own(self.res[..., n:, :])
+        if self.key_axis == "channel":  # keys: (b, h, head_dim, n), groups of tokens along the last dim
+            new_k = quantize(old[0].transpose(-1, -2), self.bits, self.key_group, self.symmetric)
+            self.kq = new_k if self.kq is None else cat_rows([self.kq, new_k], dim=-1)
+            old = old[1:]
+        new_rows = quantize(old, self.bits, self.group, self.symmetric)
+        self.rows = new_rows if self.rows is None else cat_rows([self.rows, new_rows], dim=-2)
+
+    def gather(self, index: torch.Tensor, tail_pinned: bool = True) -> None:
+        """Keep the slots `index` (batch, heads, kept) of [quantized rows, residual].
+
+        `tail_pinned`: the last `n_tail` entries of every index row are the residual slots in order (eviction
+        keeps the residual as it is), so only quantized rows are gathered — codes and scales, no re-quantizing.
+        Otherwise (re-layout) the last min(n_tail, kept) entries become the new residual and the rest are
+        taken from all slots in quantized form (residual rows quantized on the way).
+        """
+        if not self.can_gather:
+            raise ValueError("per-channel key groups cannot be gathered row by row; use key_axis='token'")
+        r, kept = self.n_tail, index.shape[-1]
+        if tail_pinned:
+            if self.rows is not None:
+                self.rows = gather_rows(self.rows, index[..., : kept - r])
+            return
+        r_new = min(r, kept)
+        head, tail = index[..., : kept - r_new], index[..., kept - r_new:]
+        every = [q for q in (self.rows, None if self.res is None else quantize(self.res, self.bits, self.group,
+                                                                                self.symmetric)) if q is not None]
+        full = self._stacked()
+        self.rows = gather_rows(cat_rows(every, dim=-2), head) if every else None
+        self.res = take_rows(full, tail) if r_new and full is not None else None
+
+    def tensors(self) -> list[torch.Tensor]:
+        out = [] if self.res is None else [self.res]
+        for q in (self.kq, self.rows):
+            if q is not None:
+                out += q.tensors()
+        return out
+
+    def nbytes(self) -> int:
+        return storage_bytes(self.tensors())
+
+
+# ---- block codecs: one row's (kv_heads, tokens, head_dim) keys/values <-> immutable pool payload ----
+
+class BlockCodec(Protocol):
+    name: str
+
+    def encode(self, k: torch.Tensor, v: torch.Tensor) -> tuple: ...
+    def decode(self, payloads: list[tuple], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def tensors(self, payload: tuple) -> list[torch.Tensor]: ...
+
+
+class PlainCodec:
+    name = "plain"
+
+    def encode(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return k.contiguous().clone(), v.contiguous().clone()
+
+    def decode(self, payloads: list[tuple], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.cat([p[0] for p in payloads], dim=-2), torch.cat([p[1] for p in payloads], dim=-2)
+
+    def tensors(self, payload: tuple) -> list[torch.Tensor]:
+        return list(payload)
+
+
+class QuantCodec:
+    """Per-token quantized blocks: keys and values as one (2, kv_heads, tokens, ·) `QuantRows` (the same row
+    format as `QuantStore` with key_axis='token')."""
+
+    def __init__(self, bits: int, group: int | None, symmetric: bool = True) -> None:
+        self.bits, self.group, self.symmetric = bits, group, symmetric
+        self.name = f"int{bits}-g{group or 'head'}-{'sym' if symmetric else 'asym'}"
+
+    def encode(self, k: torch.Tensor, v: torch.Tensor) -> tuple[QuantRows]:
+        return (quantize(torch.stack([k, v]), self.bits, self.group or k.shape[-1], self.symmetric),)
+
+    def decode(self, payloads: list[tuple], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        kv = dequantize(cat_rows([p[0] for p in payloads], dim=-2), dtype)
+        return kv[0], kv[1]
+
+    def tensors(self, payload: tuple) -> list[torch.Tensor]:
+        return payload[0].tensors()

@@ -1,0 +1,40 @@
+"""`window`: attention sinks + the most recent tokens (StreamingLLM, Xiao et al. 2023, arXiv:2309.17453)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from couplet.kvcache.attention import install_attention
+from couplet.kvcache.base import Policy, check_int, check_ratio
+from couplet.kvcache.layer import CompressedCache, attention_layers
+from couplet.kvcache.pool import PrefixPool
+from couplet.kvcache.retention import Retention
+from couplet.kvcache.session import ModeSession
+from couplet.kvcache.storage import PlainStore
+
+
+@dataclass
+class WindowPolicy(Retention, Policy):
+    """Keep the first `sinks` tokens and the most recent ones: per row, budget(seen) tokens in all
+    (`ratio` of the tokens seen, at least `floor`; ratio=1.0 keeps everything). Couplets are ~20 tokens, so
+    the window is a share of the length rather than a fixed size (a 512-token window compresses nothing)."""
+
+    name: ClassVar[str] = "window"
+    ratio: float = 0.5
+    sinks: int = 2
+    floor: int = 4
+
+    def __post_init__(self) -> None:
+        check_ratio(self.ratio)
+        check_int("sinks", self.sinks, 0)
+        check_int("floor", self.floor, 1)
+
+    def score(self, pos: torch.Tensor, acc: torch.Tensor | None, seen: torch.Tensor) -> torch.Tensor:
+        return (pos.float() + 1) / seen  # the newest token scores 1, older ones less
+
+    def new_session(self, model: Any, pool: PrefixPool | None = None) -> ModeSession:
+        install_attention(model)
+        return ModeSession(self.name, model, CompressedCache(attention_layers(model), PlainStore), retention=self)

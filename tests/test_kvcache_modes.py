@@ -1,0 +1,240 @@
+"""Every registered mode through one matrix on the tiny models, then the behaviour and exactness checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import TINY_VOCAB, build_tiny_lm
+from transformers import DynamicCache
+
+from couplet.kvcache import MODES, PrefixPool, make_mode
+from couplet.kvcache.layer import CompressedLayer
+from couplet.kvcache.storage import storage_bytes
+
+torch.set_num_threads(1)
+
+PROMPT = [1, 7, 12, 30, 5, 44, 9, 3]
+
+
+def greedy(session, prompt: list[int], steps: int) -> tuple[list[int], list[torch.Tensor]]:
+    """Prefill `prompt`, then feed back the argmax `steps` times; return the tokens and last-position logits."""
+    logits = session.forward(torch.tensor([prompt]))[:, -1]
+    tokens, outs = [], [logits]
+    for _ in range(steps):
+        tokens.append(int(logits.argmax(-1)))
+        logits = session.forward(torch.tensor([[tokens[-1]]]))[:, -1]
+        outs.append(logits)
+    return tokens, outs
+
+
+def reference(model, prompt: list[int], steps: int) -> tuple[list[int], list[torch.Tensor]]:
+    """The same greedy loop with transformers' DynamicCache and no session at all."""
+    cache = DynamicCache()
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt]), past_key_values=cache, use_cache=True).logits[:, -1]
+        tokens, outs = [], [logits]
+        for _ in range(steps):
+            tokens.append(int(logits.argmax(-1)))
+            logits = model(torch.tensor([[tokens[-1]]]), past_key_values=cache, use_cache=True).logits[:, -1]
+            outs.append(logits)
+    return tokens, outs
+
+
+def kv_heads(model) -> int:
+    return getattr(model.config, "num_key_value_heads", None) or model.config.num_attention_heads
+
+
+def held_tensors(session) -> list[torch.Tensor]:
+    layers = session.cache.layers
+    if isinstance(layers[0], CompressedLayer):
+        return [t for layer in layers for t in layer.store.tensors()]
+    return [t for layer in layers for t in (layer.keys, layer.values)]
+
+
+# ---- the matrix: every mode, every architecture ----
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_every_mode_runs_and_accounts(tiny_causal_lm, mode: str) -> None:
+    pool = PrefixPool()
+    steps = 12
+    for _ in range(2):  # cold pool, then warm pool
+        with make_mode(mode).new_session(tiny_causal_lm, pool=pool) as session:
+            tokens, outs = greedy(session, PROMPT, steps)
+            assert len(tokens) == steps and all(0 <= t < TINY_VOCAB for t in tokens)
+            assert all(torch.isfinite(o).all() for o in outs)
+            st = session.stats()
+            logical = len(PROMPT) + steps
+            assert st.logical_length == logical == session.cache.get_seq_length()
+            assert 0 < st.stored_tokens <= logical
+            assert st.full_equivalent_bytes == logical * 2 * 2 * kv_heads(tiny_causal_lm) * 8 * 4  # layers, K+V, fp32
+            held = held_tensors(session)
+            assert st.kv_bytes == storage_bytes(held) == sum(t.numel() * t.element_size() for t in held)
+            assert 0 < st.total_bytes <= st.full_equivalent_bytes
+            lengths = {layer.get_seq_length() for layer in session.cache.layers}
+            physical = {getattr(layer, "stored_length", None) or layer.keys.shape[-2] for layer in session.cache.layers}
+            assert len(lengths) == 1 and len(physical) == 1
+    assert pool.total_refs() == 0
+
+
+def test_byte_targets_on_the_embedded_geometry() -> None:
+    """The embedded model's KV geometry (6 layers, 2 KV heads, head_dim 32, bf16) at couplet lengths: a
+    3-12 token prompt, then 7 + 1 + 7 tokens. Default budgets must meet the targets: int8 <= 0.55x,
+    int4 <= 0.32x, combo <= 0.20x per request (its pool share included) of `full` at the same dtype."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=6,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
+    model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    targets = {"full": 1.0, "window": 0.53, "selective": 0.53, "int8": 0.55, "int4": 0.32, "shared": 1.0, "combo": 0.20}
+    for prompt_len in (3, 6, 12):
+        prompt = list(range(3, 3 + prompt_len))
+        for mode, target in targets.items():
+            with make_mode(mode).new_session(model, pool=PrefixPool()) as session:
+                greedy(session, prompt, 15)
+                st = session.stats()
+                assert st.full_equivalent_bytes == (prompt_len + 15) * 6 * 2 * 2 * 32 * 2
+                assert st.total_bytes / st.full_equivalent_bytes <= target, (mode, prompt_len)
+
+
+# ---- exactness ----
+
+@pytest.mark.parametrize("mode", ["full", "window", "selective"])
+def test_unlimited_budget_reproduces_full_exactly(tiny_causal_lm, mode: str) -> None:
+    ref_tokens, ref_logits = reference(tiny_causal_lm, PROMPT, 10)
+    options = {} if mode == "full" else {"ratio": 1.0}
+    with make_mode(mode, **options).new_session(tiny_causal_lm) as session:
+        tokens, logits = greedy(session, PROMPT, 10)
+    assert tokens == ref_tokens
+    for a, b in zip(logits, ref_logits, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_shared_reproduces_full_at_any_pool_state(tiny_causal_lm) -> None:
+    """Cold pool: the same forwards as `full`, so bitwise equal. Warm pool / partial prefix: the prefix KV
+    comes from another forward and only the suffix is computed (a split prefill), and float matmuls block
+    differently for a different number of rows, so last-bit differences are possible: tight allclose and
+    identical greedy tokens."""
+    pool = PrefixPool()
+    ref_tokens, ref_logits = reference(tiny_causal_lm, PROMPT, 8)
+    with make_mode("shared").new_session(tiny_causal_lm, pool=pool) as session:  # cold
+        tokens, logits = greedy(session, PROMPT, 8)
+    assert tokens == ref_tokens and all(torch.equal(a, b) for a, b in zip(logits, ref_logits, strict=True))
+    assert len(pool) == len(PROMPT) // 2
+    snapshot = {key: [t.clone() for p in blk.payload for t in p] for key, blk in pool._blocks.items()}
+    with make_mode("shared").new_session(tiny_causal_lm, pool=pool) as session:  # warm: all but the last block
+        tokens, logits = greedy(session, PROMPT, 8)
+        assert session.stats().shared_bytes > 0 and session.cache.layers[0].prefix_len == len(PROMPT)
+    assert tokens == ref_tokens
+    assert all(torch.allclose(a, b, atol=1e-5, rtol=0) for a, b in zip(logits, ref_logits, strict=True))
+    other = PROMPT[:4] + [50, 51, 52]  # partial match: the first two blocks only
+    ref_tokens, ref_logits = reference(tiny_causal_lm, other, 8)
+    with make_mode("shared").new_session(tiny_causal_lm, pool=pool) as session:
+        tokens, logits = greedy(session, other, 8)
+    assert tokens == ref_tokens
+    assert all(torch.allclose(a, b, atol=1e-5, rtol=0) for a, b in zip(logits, ref_logits, strict=True))
+    assert pool.hits >= len(PROMPT) // 2 - 1 + 2 and pool.total_refs() == 0
+    for key, tensors in snapshot.items():  # blocks are never mutated
+        assert all(torch.equal(a, b) for a, b in zip(tensors, [t for p in pool._blocks[key].payload for t in p],
+                                                      strict=True))
+
+
+# ---- positions after eviction ----
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_positions_after_eviction_match_manual_recomputation(arch: str) -> None:
+    """One layer: a kept token's K/V depend only on the token and its position, so running the model on
+    the kept tokens alone, at their logical positions, must give the evicted cache's logits."""
+    model = build_tiny_lm(arch, layers=1, seed=1)
+    with make_mode("window", ratio=0.5, sinks=2, floor=2).new_session(model) as session:
+        session.forward(torch.tensor([PROMPT]))  # 8 seen -> keeps positions 0, 1, 6, 7
+        kept = session.cache.layers[0].pos[0, 0].tolist()
+        assert kept == [0, 1, 6, 7]
+        assert session.cache.get_seq_length() == 8 and session.cache.layers[0].get_mask_sizes(1) == (5, 4)
+        logits = session.forward(torch.tensor([[21]]))[:, -1]
+    ids = torch.tensor([[PROMPT[p] for p in kept]])
+    cache = DynamicCache()
+    with torch.no_grad():
+        model(ids, position_ids=torch.tensor([kept]), past_key_values=cache, use_cache=True)
+        manual = model(torch.tensor([[21]]), position_ids=torch.tensor([[8]]), past_key_values=cache).logits[:, -1]
+    assert torch.allclose(logits, manual, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("mode", ["window", "selective", "combo"])
+def test_positions_after_eviction_multilayer(tiny_causal_lm, mode: str) -> None:
+    """Any depth, per-head kept sets: the next tokens' logits equal those of a plain DynamicCache holding
+    exactly the stored keys/values, with the new tokens at their logical positions (two tokens at once, as
+    when the line break rides along with the last 上联 character)."""
+    with make_mode(mode, ratio=0.4).new_session(tiny_causal_lm, pool=PrefixPool()) as session:
+        greedy(session, PROMPT, 6)
+        logical = session.cache.get_seq_length()
+        stored = session.cache.stored_length
+        assert logical == len(PROMPT) + 6 and stored < logical
+        assert all(layer.get_mask_sizes(2) == (stored + 2, logical - stored) for layer in session.cache.layers)
+        cache = DynamicCache()
+        for i, layer in enumerate(session.cache.layers):
+            cache.update(*layer.materialize(), i)
+        logits = session.forward(torch.tensor([[17, 18]]))
+    with torch.no_grad():
+        manual = tiny_causal_lm(torch.tensor([[17, 18]]), position_ids=torch.tensor([[logical, logical + 1]]),
+                                past_key_values=cache).logits
+    assert torch.allclose(logits, manual, atol=1e-5, rtol=0)
+
+
+# ---- batches with left padding ----
+
+def greedy_batch(session, prompts: list[list[int]], steps: int) -> tuple[list[list[int]], list[torch.Tensor]]:
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    logits = session.forward(ids, attention_mask=mask)[:, -1]
+    tokens: list[list[int]] = [[] for _ in prompts]
+    outs = [logits]
+    for _ in range(steps):
+        nxt = logits.argmax(-1)
+        for row, t in zip(tokens, nxt.tolist(), strict=True):
+            row.append(t)
+        logits = session.forward(nxt[:, None])[:, -1]
+        outs.append(logits)
+    return tokens, outs
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_left_padded_batch_equals_each_sequence_alone(tiny_causal_lm, mode: str) -> None:
+    """Per-row budgets, per-row gathers, padding and filler masked: each row behaves as if it ran alone
+    (up to float blocking of different shapes: tight allclose, identical tokens)."""
+    prompts = [PROMPT, [1, 9, 33, 4, 27]]
+    options = {"ratio": 0.4} if mode in ("window", "selective", "combo") else {}
+    with make_mode(mode, **options).new_session(tiny_causal_lm, pool=PrefixPool()) as session:
+        tokens, logits = greedy_batch(session, prompts, 8)
+        rows = session.stats_per_row()
+        layer = session.cache.layers[0]
+        if isinstance(layer, CompressedLayer) and layer.pos is not None:  # no padding slot kept once evicted
+            real = (layer.pos[:, 0] >= 0).sum(-1).tolist()
+            assert [layer.prefix_len + r for r in real] == [r.stored_tokens for r in rows]
+    for row, prompt in enumerate(prompts):
+        with make_mode(mode, **options).new_session(tiny_causal_lm, pool=PrefixPool()) as alone:
+            alone_tokens, alone_logits = greedy(alone, prompt, 8)
+            assert rows[row].stored_tokens == alone.stats().stored_tokens
+            assert rows[row].logical_length == alone.stats().logical_length
+        assert tokens[row] == alone_tokens
+        atol = 1e-4 if mode in ("int8", "int4", "combo") else 1e-5  # quantized: rounding of near-ties
+        for a, b in zip(logits, alone_logits, strict=True):
+            assert torch.allclose(a[row], b[0], atol=atol, rtol=0), (a[row] - b[0]).abs().max()
+
+
+@pytest.mark.parametrize("mode, options, atol", [
+    ("int8", {}, 1e-3), ("int4", {}, 2e-2), ("int8", {"residual": 2, "symmetric": False}, 1e-3),
+    ("int4", {"key_axis": "channel", "key_group": 4, "residual": 1}, 2e-2),
+])
+def test_quantized_logits_stay_close_to_full(tiny_causal_lm, mode: str, options: dict, atol: float) -> None:
+    """Teacher-forced on full's greedy tokens, the quantized caches' logits stay near full's."""
+    ref_tokens, ref_logits = reference(tiny_causal_lm, PROMPT, 10)
+    with make_mode(mode, **options).new_session(tiny_causal_lm) as session:
+        outs = [session.forward(torch.tensor([PROMPT]))[:, -1]]
+        outs += [session.forward(torch.tensor([[t]]))[:, -1] for t in ref_tokens]
+        st = session.stats()
+        held = [t for layer in session.cache.layers for t in layer.store.tensors()]
+        assert st.kv_bytes == sum(t.numel() * t.element_size() for t in held) < st.full_equivalent_bytes
+    for a, b in zip(outs, ref_logits, strict=True):
+        assert torch.allclose(a, b, atol=atol, rtol=0), (a - b).abs().max()

@@ -1,0 +1,52 @@
+"""The registry: names, knobs, validation messages, UI metadata."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from couplet.kvcache import MODE_INFO, MODES, make_mode, option_names
+
+
+def test_registry_lists_the_seven_modes_with_chinese_labels() -> None:
+    assert list(MODES) == ["full", "window", "selective", "int8", "int4", "shared", "combo"]
+    assert set(MODE_INFO) == set(MODES)
+    assert MODE_INFO["window"].label_zh == "滑动窗口+注意力汇点" and MODE_INFO["int4"].label_zh == "INT4 量化"
+    for name, cls in MODES.items():
+        policy = make_mode(name)
+        assert dataclasses.is_dataclass(policy) and type(policy) is cls
+        assert policy.describe().startswith(f"{name}: ")
+    described = make_mode("selective", ratio=0.25).describe()
+    assert described == "selective: ratio=0.25, sinks=2, recent=2, floor=4, keep_prompt=False"
+
+
+def test_unknown_mode_lists_valid_names() -> None:
+    valid = "full, window, selective, int8, int4, shared, combo"
+    with pytest.raises(ValueError, match=f"unknown mode 'h2o'; valid modes: {valid}"):
+        make_mode("h2o")
+
+
+def test_unknown_option_lists_the_mode_options() -> None:
+    with pytest.raises(ValueError, match="mode 'window' has no option 'recent'; its options: ratio, sinks, floor"):
+        make_mode("window", recent=3)
+    assert option_names("full") == []
+    with pytest.raises(ValueError, match="its options: none"):
+        make_mode("full", ratio=0.5)
+
+
+@pytest.mark.parametrize("name, options, message", [
+    ("window", {"ratio": 0.0}, r"ratio must be a number in \(0, 1\]"),
+    ("selective", {"ratio": 1.5}, r"ratio must be a number in \(0, 1\]"),
+    ("selective", {"recent": 0}, r"recent must be an integer >= 1, got 0"),
+    ("window", {"sinks": -1}, r"sinks must be an integer >= 0, got -1"),
+    ("int8", {"residual": -2}, r"residual must be an integer >= 0"),
+    ("int4", {"group_size": 7}, r"group_size must be even for int4"),
+    ("int4", {"key_axis": "head"}, r"key_axis must be one of 'token', 'channel'; got 'head'"),
+    ("shared", {"block_size": 0}, r"block_size must be an integer >= 1, got 0"),
+    ("combo", {"bits": 2}, r"bits must be one of 8, 4; got 2"),
+    ("combo", {"ratio": 2}, r"ratio must be a number in \(0, 1\]"),
+])
+def test_invalid_budgets_fail_at_construction(name: str, options: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make_mode(name, **options)

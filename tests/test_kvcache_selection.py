@@ -1,0 +1,112 @@
+"""Behaviour of selection and attention recording: the window keeps the sinks and the last N; `selective`
+keeps the top-scored and the protected positions; recorded scores are real attention probabilities."""
+
+from __future__ import annotations
+
+import torch
+from conftest import build_tiny_lm
+
+from couplet.kvcache import couplet_protection, make_mode
+from couplet.kvcache.attention import attention_scores, install_attention
+from couplet.kvcache.retention import keep_counts, plan
+
+torch.set_num_threads(1)
+
+PROMPT = [1, 7, 12, 30, 5, 44, 9, 3]
+
+
+def kept_positions(session, layer: int = 0) -> list[list[int]]:
+    """Per KV head of row 0, the logical positions stored (sorted)."""
+    pos = session.cache.layers[layer].pos[0]
+    return [sorted(p for p in head.tolist() if p >= 0) for head in pos]
+
+
+def test_window_keeps_sinks_and_last_tokens(tiny_llama) -> None:
+    policy = make_mode("window", ratio=0.5, sinks=2, floor=4)
+    with policy.new_session(tiny_llama) as session:
+        session.forward(torch.tensor([PROMPT]))
+        for step in range(10):
+            session.forward(torch.tensor([[step + 3]]))
+            n = len(PROMPT) + step + 1
+            budget = policy.budget(n)
+            expected = [0, 1] + list(range(n - (budget - 2), n))
+            for layer in range(2):
+                assert kept_positions(session, layer) == [expected, expected]
+            assert session.stats().stored_tokens == budget == max(4, -(-n // 2))
+
+
+def test_selective_keeps_top_scored_per_head_and_protected() -> None:
+    policy = make_mode("selective", ratio=0.5, sinks=1, recent=1, floor=1)
+    n = 10
+    # per head, different favourites; the normalised score is acc / (n - pos), so set acc accordingly
+    mean = torch.tensor([[[[0.0, 0.1, 0.9, 0.2, 0.8, 0.05, 0.3, 0.01, 0.02, 0.0],
+                           [0.0, 0.7, 0.1, 0.6, 0.2, 0.05, 0.9, 0.01, 0.02, 0.0]]]])  # (layers, batch, heads, slots)
+    acc = mean * (n - torch.arange(n, dtype=torch.float32))
+    pos = torch.arange(n, dtype=torch.int32).expand(1, 1, 2, n)
+    keep = keep_counts(policy, [n], [n], 0, [n], [0])
+    assert keep == [5]
+    index, filler = plan(pos, acc, 0, policy, keep, torch.tensor([n]), torch.tensor([1]), None)
+    kept = [sorted(index[0, 0, h].tolist()) for h in range(2)]
+    assert kept == [[0, 2, 4, 6, 9], [0, 1, 3, 6, 9]]  # sink 0, recent 9, then the top 3 of each head
+    assert not filler.any()
+    protected = torch.tensor([[7, 8]])  # low scores, but protected: they outrank every unprotected token
+    index, _ = plan(pos, acc, 0, policy, keep, torch.tensor([n]), torch.tensor([1]), protected)
+    assert [sorted(index[0, 0, h].tolist()) for h in range(2)] == [[0, 2, 7, 8, 9], [0, 6, 7, 8, 9]]
+
+
+def test_protected_positions_survive_many_evictions(tiny_qwen2) -> None:
+    with make_mode("selective", ratio=0.3, sinks=1, recent=1, floor=4).new_session(tiny_qwen2) as session:
+        session.protect([[3, 5]])
+        session.forward(torch.tensor([PROMPT]))
+        for step in range(12):
+            session.forward(torch.tensor([[step + 3]]))
+            for layer in range(2):
+                for head in kept_positions(session, layer):
+                    assert {0, 3, 5, len(PROMPT) + step}.issubset(head)  # sink, protected, newest
+                    assert len(head) == max(4, -(-3 * (len(PROMPT) + step + 1) // 10))
+
+
+def test_recorded_scores_are_attention_probabilities(tiny_llama) -> None:
+    """Each real query's probabilities sum to 1 per KV head, so after a prefill of q tokens the scores of a
+    head sum to q, and after one decode step to q + 1; padding queries count for nothing."""
+    with make_mode("selective", ratio=1.0).new_session(tiny_llama) as session:
+        session.forward(torch.tensor([PROMPT]))
+        for layer in session.cache.layers:
+            assert torch.allclose(layer.score.sum(-1), torch.full((1, 2), float(len(PROMPT))))
+        session.forward(torch.tensor([[4]]))
+        for layer in session.cache.layers:
+            assert torch.allclose(layer.score.sum(-1), torch.full((1, 2), len(PROMPT) + 1.0))
+            # causal: the last prompt token was seen by 2 queries, the new one by 1
+            assert layer.score[0, :, -1].le(1.0).all() and layer.score[0, :, -2].le(2.0).all()
+    with make_mode("selective", ratio=1.0).new_session(tiny_llama) as session:
+        session.forward(torch.tensor([[0, 0, *PROMPT[:5]]]), attention_mask=torch.tensor([[0, 0, 1, 1, 1, 1, 1]]))
+        for layer in session.cache.layers:
+            assert torch.allclose(layer.score.sum(-1), torch.full((1, 2), 5.0))
+            assert layer.score[0, :, :2].eq(0).all()  # padding slots receive nothing
+
+
+def test_attention_scores_average_query_heads_of_a_group() -> None:
+    torch.manual_seed(0)
+    q, k = torch.randn(1, 4, 1, 8), torch.randn(1, 2, 5, 8)
+    got = attention_scores(q, k, None, 8 ** -0.5, None)  # (1, 2, 5)
+    probs = torch.softmax(q @ k.repeat_interleave(2, dim=1).transpose(-1, -2) * 8 ** -0.5, dim=-1)  # (1, 4, 1, 5)
+    assert torch.allclose(got, probs[:, :, 0].view(1, 2, 2, 5).mean(2))
+
+
+def test_install_attention_is_idempotent_and_identical_to_sdpa() -> None:
+    model = build_tiny_lm("qwen2", seed=3)
+    ids = torch.tensor([PROMPT])
+    with torch.no_grad():
+        before = model(ids).logits
+        install_attention(model)
+        install_attention(model)
+        assert model.config._attn_implementation == "couplet_kv_sdpa"
+        after = model(ids).logits
+    assert torch.equal(before, after)
+
+
+def test_couplet_protection_positions() -> None:
+    # <bos> <L7> k1 k2 <sep> | upper at 5..11 | <mid> 12 | lower from 13
+    assert couplet_protection([2, 3], 5, 7, 0) == [2, 3, 5, 6, 7, 8, 9, 10, 11]
+    assert couplet_protection([2, 3], 5, 7, 3, ahead=False) == [2, 3, 7, 8, 9]
+    assert couplet_protection([], 5, 7, 6) == [10, 11]

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
@@ -60,14 +61,20 @@ class FormatIds:
 
     @classmethod
     def of(cls, tok: PreTrainedTokenizerBase) -> FormatIds:
-        v = tok.get_vocab()
+        v = _vocab(tok)
         return cls(pad=v[PAD], unk=v[UNK], bos=v[BOS], eos=v[EOS], sep=v[SEP], mid=v[MID],
                    length={n: v[t] for n, t in LENGTH_TAGS.items()})
 
 
+@lru_cache(maxsize=8)
+def _vocab(tok: PreTrainedTokenizerBase) -> dict[str, int]:
+    """`get_vocab()` rebuilds a dict on every call (~1 ms for 7k entries): once per tokenizer is enough."""
+    return tok.get_vocab()
+
+
 def char_ids(tok: PreTrainedTokenizerBase, text: str) -> list[int]:
     """One id per character; unknown characters map to <unk> (callers report them)."""
-    vocab = tok.get_vocab()
+    vocab = _vocab(tok)
     unk = vocab[UNK]
     return [vocab.get(c, unk) for c in text]
 

@@ -1,0 +1,104 @@
+"""Command line: `python -m couplet 龙马精神 [--length 5|7] [--seed N] [--temperature T] [--top-p P]
+[--acrostic] [--mode NAME ...] [--set MODE.FIELD=VALUE ...] [--json]`.
+
+Bad input exits with status 2 and one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+
+from couplet.events import CoupletResult
+from couplet.kvcache import MODES, PrefixPool
+from couplet.options import parse_settings
+from couplet.text import CoupletInputError
+
+MARK = {True: "✓", False: "✗"}
+
+
+@dataclass
+class CliConfig:
+    keywords: str
+    length: int = 7
+    seed: int = 0
+    temperature: float = 0.0
+    top_p: float = 1.0
+    acrostic: bool = False
+    modes: list[str] = field(default_factory=lambda: ["full"])
+    settings: list[str] = field(default_factory=list)
+    json: bool = False
+    model: str | None = None
+    device: str | None = None
+    dtype: str | None = None
+
+
+def format_text(result: CoupletResult, show_mode: bool) -> str:
+    c = result.checks
+    kv = f"KV 峰值 {result.peak_bytes / 1024:.1f} KB（完整缓存 {result.full_equivalent_bytes / 1024:.1f} KB）"
+    head = f"【{result.mode}】{kv}\n" if show_mode else ""
+    lines = [
+        f"横批：{result.hengpi}",
+        f"上联：{result.upper}",
+        f"下联：{result.lower}",
+        f"检查：字数{MARK[c['length']['ok']]} 平仄{MARK[c['tones']['ok']]} 关键词{MARK[c['keywords']['ok']]} "
+        f"同位不重{MARK[c['same_position']['ok']]} 对仗 {c['parallelism']['score']:.2f}",
+        *[f"提示：{n}" for n in result.notes],
+        *[f"未通过：{m}" for m in c["failures"]],
+    ]
+    return head + "\n".join(lines)
+
+
+def main(cfg: CliConfig) -> int:
+    from couplet.generate import CoupletRequest, generate  # heavy imports after argument checks
+    from couplet.model import load_model
+
+    settings = parse_settings(cfg.settings, MODES)
+    unknown = [m for m in cfg.modes if m not in MODES]
+    if unknown:
+        raise ValueError(f"unknown mode {unknown[0]!r}; choose from {', '.join(MODES)}")
+    request = CoupletRequest(cfg.keywords, cfg.length, cfg.acrostic, cfg.temperature, cfg.top_p, cfg.seed)
+    lm = load_model(cfg.model, cfg.device, cfg.dtype)
+    pool = PrefixPool()
+    results = [generate(lm, request, m, pool, **settings.get(m, {})) for m in cfg.modes]
+    if cfg.json:
+        payload = [r.to_json() for r in results]
+        print(json.dumps(payload[0] if len(payload) == 1 else payload, ensure_ascii=False))
+    else:
+        print("\n\n".join(format_text(r, len(results) > 1) for r in results))
+    return 0
+
+
+def parse_args(argv: list[str] | None = None) -> CliConfig:
+    p = argparse.ArgumentParser(prog="python -m couplet", description="写一副春联 (write a Spring Festival couplet)")
+    p.add_argument("keywords", help="1-8 个汉字关键词，如 龙马精神")
+    p.add_argument("--length", type=int, choices=(5, 7), default=7, help="每联字数 (default 7)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--acrostic", action="store_true", help="藏头: keywords alternate as the heads of the two lines")
+    p.add_argument("--mode", dest="modes", action="append", metavar="NAME",
+                   help=f"KV-cache mode, repeatable: {', '.join(MODES)} (default full)")
+    p.add_argument("--set", dest="settings", action="append", default=[], metavar="MODE.FIELD=VALUE",
+                   help="a mode's budget, e.g. selective.ratio=0.3 (repeatable)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (a list with several --mode)")
+    p.add_argument("--model", default=None, help="model folder or hub id (default: embedded, or $COUPLET_MODEL)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"))
+    args = vars(p.parse_args(argv))
+    args["modes"] = args["modes"] or ["full"]
+    return CliConfig(**args)
+
+
+def run(argv: list[str] | None = None) -> int:
+    try:
+        return main(parse_args(argv))
+    except (CoupletInputError, ValueError, FileNotFoundError, OSError) as e:
+        print(f"错误 error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(run())

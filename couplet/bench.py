@@ -1,0 +1,89 @@
+"""Per-step decode cost and KV bytes of every mode against `full`, measured in one run as ratios.
+
+    python -m couplet.bench --modes all --reps 10
+
+Modes are interleaved phrase by phrase (full, window, …, full, window, …) so machine noise hits them alike;
+the step time is the wall time of one decode step as the generation loop sees it (forward, constraints,
+sampling, eviction, accounting), the prefill excluded. This is a benchmark that prints figures, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from dataclasses import dataclass, field
+
+import torch
+
+from couplet.generate import CoupletRequest, generate
+from couplet.kvcache import MODES, PrefixPool
+from couplet.model import load_model
+from couplet.options import parse_settings
+
+PHRASES = ["龙马精神", "吉祥如意", "春风", "明月", "五福临门", "梅花", "平安", "国泰民安"]
+
+
+@dataclass
+class BenchConfig:
+    modes: list[str] = field(default_factory=lambda: list(MODES))
+    reps: int = 5
+    dtype: str = "float32"
+    device: str | None = None
+    threads: int | None = None
+    settings: list[str] = field(default_factory=list)
+
+
+def main(cfg: BenchConfig) -> dict[str, dict[str, float]]:
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    settings = parse_settings(cfg.settings, MODES)
+    lm = load_model(None, cfg.device, cfg.dtype)
+    pool = PrefixPool()
+    step_s: dict[str, list[float]] = {m: [] for m in cfg.modes}
+    peaks: dict[str, list[int]] = {m: [] for m in cfg.modes}
+    for m in cfg.modes:  # warm-up: allocator, kernels, the 横批 cache
+        generate(lm, CoupletRequest(PHRASES[0]), m, pool, **settings.get(m, {}))
+    for _ in range(cfg.reps):
+        for phrase in PHRASES:
+            for m in cfg.modes:
+                r = generate(lm, CoupletRequest(phrase), m, pool, **settings.get(m, {}))
+                step_s[m] += [s.seconds for s in r.steps[1:]]
+                peaks[m].append(r.peak_bytes)
+    base_step = statistics.median(step_s["full"]) if "full" in step_s else None
+    base_peak = statistics.fmean(peaks["full"]) if "full" in peaks else None
+    out = {}
+    print(f"device {lm.device}, dtype {cfg.dtype}, threads {torch.get_num_threads()}, "
+          f"{cfg.reps} reps x {len(PHRASES)} phrases")
+    print(f"{'mode':<10}{'step ms (median)':>18}{'vs full':>10}{'peak KV bytes':>16}{'vs full':>10}")
+    for m in cfg.modes:
+        step = statistics.median(step_s[m])
+        peak = statistics.fmean(peaks[m])
+        out[m] = {"step_ms": step * 1e3, "step_ratio": step / base_step if base_step else float("nan"),
+                  "peak_bytes": peak, "peak_ratio": peak / base_peak if base_peak else float("nan")}
+        print(f"{m:<10}{step * 1e3:>18.2f}{out[m]['step_ratio']:>9.2f}x{peak:>16.0f}{out[m]['peak_ratio']:>9.2f}x")
+    return out
+
+
+def parse_args(argv: list[str] | None = None) -> BenchConfig:
+    p = argparse.ArgumentParser(prog="python -m couplet.bench", description=__doc__.split("\n")[0])
+    p.add_argument("--modes", default="all", help=f"comma-separated among {','.join(MODES)}, or all")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--device", default=None)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--set", dest="settings", action="append", default=[], metavar="MODE.FIELD=VALUE")
+    a = p.parse_args(argv)
+    modes = list(MODES) if a.modes == "all" else [m.strip() for m in a.modes.split(",")]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        p.error(f"unknown mode {unknown[0]!r}; choose from {', '.join(MODES)} or all")
+    return BenchConfig(modes, a.reps, a.dtype, a.device, a.threads, a.settings)
+
+
+if __name__ == "__main__":
+    try:
+        main(parse_args())
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -1,0 +1,72 @@
+"""Choosing the 横批 from the curated phrases by the model's own likelihood given the couplet.
+
+Score of a phrase h = log p(couplet | keywords = h) − log p(couplet | no keywords): how much better
+the model explains the couplet when told h was its theme (pointwise mutual information). The model was
+trained to write couplets from keywords, so a phrase whose meaning and characters the couplet echoes
+scores high. To keep this to one small batched forward, a shortlist is taken first: the phrases whose
+mean input embedding is closest to the couplet's, plus any phrase sharing a character with it.
+Results are cached per couplet.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+
+from couplet.model import LoadedModel
+from couplet.phrases import HENGPI_PHRASES
+from couplet.scoring import sequence_logprobs
+from couplet.tokenizer import char_ids
+
+
+def _couplet_logprob(lm: LoadedModel, themes: list[str], upper: str, lower: str) -> torch.Tensor:
+    """Sum of log p(couplet tokens | `<bos> <Ln> theme <sep>`) for each theme; (len(themes),)."""
+    f = lm.ids
+    body = [*char_ids(lm.tokenizer, upper), f.mid, *char_ids(lm.tokenizer, lower), f.eos]
+    seqs, starts = [], []
+    for theme in themes:
+        head = [f.bos, f.length[len(upper)], *char_ids(lm.tokenizer, theme), f.sep]
+        seqs.append(head + body)
+        starts.append(len(head))
+    logp = sequence_logprobs(lm.model, seqs, f.pad)
+    # logp[:, t-1] scores token t; sum over the couplet body of each row
+    return torch.stack([logp[row, s - 1 : s - 1 + len(body)].sum() for row, s in enumerate(starts)])
+
+
+SHORTLIST = 24
+
+
+def _mean_embedding(lm: LoadedModel, texts: list[str]) -> torch.Tensor:
+    """(len(texts), hidden) mean input embedding of each text's characters, unit-normalised."""
+    embeddings: torch.nn.Embedding = lm.model.get_input_embeddings()  # type: ignore[assignment]
+    table = embeddings.weight.detach().float()
+    rows = [table[torch.tensor(char_ids(lm.tokenizer, t), device=table.device)].mean(0) for t in texts]
+    return torch.nn.functional.normalize(torch.stack(rows), dim=-1)
+
+
+@lru_cache(maxsize=4)
+def _phrase_embeddings(lm: LoadedModel) -> torch.Tensor:
+    return _mean_embedding(lm, list(HENGPI_PHRASES))
+
+
+def shortlist(lm: LoadedModel, upper: str, lower: str, k: int = SHORTLIST) -> list[str]:
+    """The k phrases worth scoring with the model: near by mean embedding, or sharing characters."""
+    similarity = _phrase_embeddings(lm) @ _mean_embedding(lm, [upper + lower])[0]
+    shared = torch.tensor([len(set(h) & set(upper + lower)) for h in HENGPI_PHRASES], dtype=similarity.dtype,
+                          device=similarity.device)
+    best = (similarity + 0.25 * shared).topk(min(k, len(HENGPI_PHRASES))).indices.tolist()
+    return [HENGPI_PHRASES[i] for i in best]
+
+
+@lru_cache(maxsize=512)
+def _choose(lm: LoadedModel, upper: str, lower: str) -> str:
+    with torch.inference_mode():
+        candidates = shortlist(lm, upper, lower)
+        scores = _couplet_logprob(lm, ["", *candidates], upper, lower)
+    return candidates[int((scores[1:] - scores[0]).argmax())]
+
+
+def choose_hengpi(lm: LoadedModel, upper: str, lower: str) -> str:
+    """The curated phrase that best fits the couplet, by the model's pointwise mutual information."""
+    return _choose(lm, upper, lower)

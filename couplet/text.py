@@ -1,0 +1,69 @@
+"""Keyword normalisation: what a visitor types becomes 1-8 simplified Han characters, or a clear refusal.
+
+Full-width and compatibility forms are folded with NFKC, traditional characters mapped to simplified
+with OpenCC's `t2s` table, and anything that is not a Han character removed with a visible note.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+MAX_KEYWORDS = 8
+
+# CJK Unified Ideographs and Extension A; the model's vocabulary lives entirely inside these.
+_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
+
+
+class CoupletInputError(ValueError):
+    """Bad user input. The message is written for the visitor (Chinese first, English after)."""
+
+
+def is_han(ch: str) -> bool:
+    return bool(_HAN.fullmatch(ch))
+
+
+@lru_cache(maxsize=1)
+def _t2s():
+    from opencc import OpenCC  # opencc-python-reimplemented: pure Python, no native build needed
+
+    return OpenCC("t2s")
+
+
+@dataclass(frozen=True)
+class Keywords:
+    """Normalised keywords plus what the visitor should be told about the normalisation."""
+
+    text: str
+    notes: list[str] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)  # characters outside the model's vocabulary
+
+
+def normalize_keywords(raw: str, vocab: set[str] | dict[str, int] | None = None) -> Keywords:
+    """Fold, convert and filter `raw`; raise CoupletInputError when nothing usable is left."""
+    if raw is None or not str(raw).strip():
+        raise CoupletInputError(
+            "请输入 1–8 个汉字作为关键词，例如「龙马精神」。 (Please enter 1-8 Chinese characters.)")
+    folded = unicodedata.normalize("NFKC", str(raw))
+    simplified = _t2s().convert(folded)
+    notes: list[str] = []
+    converted = sorted({f"{a}→{b}" for a, b in zip(folded, simplified, strict=False) if a != b and is_han(a)})
+    if converted and len(folded) == len(simplified):
+        notes.append("已将繁体字转换为简体：" + "、".join(converted))
+    han = "".join(ch for ch in simplified if is_han(ch))
+    dropped = "".join(dict.fromkeys(ch for ch in simplified if not is_han(ch) and not ch.isspace()))
+    if dropped:
+        notes.append(f"已忽略非汉字字符：{dropped}")
+    if not han:
+        raise CoupletInputError(
+            "关键词里没有汉字，请输入 1–8 个汉字，例如「吉祥如意」。 (No Chinese characters in the keywords.)")
+    if len(han) > MAX_KEYWORDS:
+        raise CoupletInputError(
+            f"关键词最多 {MAX_KEYWORDS} 个汉字，您输入了 {len(han)} 个，请精简。 "
+            f"(At most {MAX_KEYWORDS} characters; got {len(han)}.)")
+    unknown = [ch for ch in dict.fromkeys(han) if vocab is not None and ch not in vocab]
+    if unknown:
+        notes.append(f"模型字表中没有「{''.join(unknown)}」，仍按原字嵌入联中，但模型只能凭上下文续写。")
+    return Keywords(han, notes, unknown)

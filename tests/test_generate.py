@@ -1,0 +1,77 @@
+"""Constrained decoding on the tiny random model: whatever the weights, the output is well-formed."""
+
+import pytest
+from tiny_model import tiny_lm  # noqa: F401  (fixture)
+
+from couplet.generate import CoupletRequest, generate, stream_modes
+from couplet.kvcache import MODES
+from couplet.text import CoupletInputError
+from couplet.tones import LEVEL, OBLIQUE, tone_class
+
+KEYWORD_SETS = ["龙马精神", "福", "春风", "吉祥如意", "山水花鸟云", "明月"]
+
+
+@pytest.mark.parametrize("keywords", KEYWORD_SETS)
+@pytest.mark.parametrize("length", [5, 7])
+def test_output_is_well_formed(tiny_lm, keywords, length):  # noqa: F811
+    r = generate(tiny_lm, CoupletRequest(keywords, length=length))
+    assert len(r.upper) == len(r.lower) == length
+    assert tone_class(r.upper[-1]) == OBLIQUE and tone_class(r.lower[-1]) == LEVEL
+    assert all(c in r.upper + r.lower for c in keywords)
+    assert all(a != b for a, b in zip(r.upper, r.lower, strict=True))
+    assert len(set(r.upper)) == length and len(set(r.lower)) == length
+    assert r.checks["passed"], r.checks["failures"]
+    assert len(r.hengpi) == 4
+    # one record for the prefill and one per character
+    assert [s.step for s in r.steps] == list(range(2 * length + 1))
+
+
+def test_keywords_open_the_lines(tiny_lm):  # noqa: F811
+    r = generate(tiny_lm, CoupletRequest("龙马精神"))
+    assert r.upper.startswith("龙马") and r.lower.startswith("精神")
+    r = generate(tiny_lm, CoupletRequest("龙马精神", acrostic=True))
+    assert r.upper.startswith("龙精") and r.lower.startswith("马神")
+
+
+def test_greedy_is_deterministic_and_sampling_follows_the_seed(tiny_lm):  # noqa: F811
+    a = generate(tiny_lm, CoupletRequest("春"))
+    b = generate(tiny_lm, CoupletRequest("春"))
+    assert (a.upper, a.lower) == (b.upper, b.lower)
+    s1 = generate(tiny_lm, CoupletRequest("春", temperature=1.0, seed=1))
+    s1_again = generate(tiny_lm, CoupletRequest("春", temperature=1.0, seed=1))
+    others = {(generate(tiny_lm, CoupletRequest("春", temperature=1.0, seed=s)).upper) for s in range(2, 6)}
+    assert (s1.upper, s1.lower) == (s1_again.upper, s1_again.lower)
+    assert len(others | {s1.upper}) > 1
+
+
+def test_unknown_keyword_character_is_kept_and_reported(tiny_lm):  # noqa: F811
+    r = generate(tiny_lm, CoupletRequest("犇春"))
+    assert r.upper.startswith("犇") and r.lower.startswith("春")
+    assert any("犇" in n for n in r.notes)
+
+
+@pytest.mark.parametrize("raw", ["", "abc", "<b>!</b>", "一二三四五六七八九"])
+def test_bad_keywords_raise_a_clear_error(tiny_lm, raw):  # noqa: F811
+    with pytest.raises(CoupletInputError):
+        generate(tiny_lm, CoupletRequest(raw))
+
+
+def test_invalid_request_fields_fail_at_construction():
+    with pytest.raises(ValueError, match="length"):
+        CoupletRequest("春", length=6)
+    with pytest.raises(ValueError, match="temperature"):
+        CoupletRequest("春", temperature=-1)
+    with pytest.raises(ValueError, match="top_p"):
+        CoupletRequest("春", top_p=0)
+
+
+def test_modes_advance_in_lockstep_on_the_same_seed(tiny_lm):  # noqa: F811
+    modes = list(MODES)
+    updates = list(stream_modes(tiny_lm, CoupletRequest("春风", temperature=0.7, seed=5), modes))
+    assert len(updates) > 2
+    for update in updates[:-1]:
+        assert set(update) == set(modes)
+        assert len({p.record.step for p in update.values()}) == 1  # every mode at the same step
+    final = updates[-1]
+    assert all(p.result is not None for p in final.values())
+    assert final["full"].result.peak_bytes == final["full"].result.full_equivalent_bytes

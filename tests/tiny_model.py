@@ -1,0 +1,48 @@
+"""A tiny random-weight couplet checkpoint (our tokenizer + a 2-layer Llama), saved to disk and loaded
+back through the Auto classes, for fast unit tests. No download: built from a config."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from couplet.phrases import HENGPI_PHRASES
+from couplet.tokenizer import build_tokenizer
+from couplet.train import PRESETS
+
+# Enough characters of both tones for the constraints to have choices at every position.
+TINY_CHARS = "春风明月山水花鸟云天江河东西南北红绿青白金玉龙马虎牛福寿喜安平和家国年岁诗书琴酒松竹梅兰"
+
+
+def make_tiny_checkpoint(path: Path, seed: int = 0) -> Path:
+    counts = Counter({c: 100 - i for i, c in enumerate(TINY_CHARS)})
+    tok = build_tokenizer(counts, vocab_size=len(TINY_CHARS) + 8, must_include=HENGPI_PHRASES)
+    torch.manual_seed(seed)
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM(PRESETS["tiny"].llama_config(len(tok.get_vocab())))
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(tmp_path_factory):
+    """The tiny checkpoint loaded back through `couplet.model.load_model` (Auto classes), float32 CPU."""
+    from couplet.model import load_model
+
+    path = make_tiny_checkpoint(tmp_path_factory.mktemp("tiny-couplet"))
+    return load_model(str(path), device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def embedded_lm():
+    """The real embedded model from assets/model."""
+    from couplet.model import EMBEDDED_MODEL, load_model
+
+    if not (EMBEDDED_MODEL / "model.safetensors").exists():
+        pytest.fail("the embedded model is missing: assets/model/model.safetensors must be committed")
+    return load_model(str(EMBEDDED_MODEL), device="cpu", dtype="float32")

@@ -30,12 +30,16 @@ def make_tiny_checkpoint(path: Path, seed: int = 0) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_lm(tmp_path_factory):
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny-couplet"))
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(tiny_checkpoint):
     """The tiny checkpoint loaded back through `couplet.model.load_model` (Auto classes), float32 CPU."""
     from couplet.model import load_model
 
-    path = make_tiny_checkpoint(tmp_path_factory.mktemp("tiny-couplet"))
-    return load_model(str(path), device="cpu", dtype="float32")
+    return load_model(str(tiny_checkpoint), device="cpu", dtype="float32")
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,67 @@
+"""The evaluation harness end to end on the tiny checkpoint: the documented keys, sane values."""
+
+import json
+
+import pytest
+from tiny_model import tiny_checkpoint  # noqa: F401  (fixture)
+
+from couplet.evaluate import EvalConfig, main, parse_args
+from couplet.kvcache import MODES
+
+
+@pytest.fixture()
+def keyword_file(tmp_path):
+    path = tmp_path / "keywords.txt"
+    path.write_text("# comment\n龙马\n春风\n\nabc\n福\n", encoding="utf-8")
+    return path
+
+
+def test_base_report_has_the_documented_keys(tiny_checkpoint, keyword_file, tmp_path):  # noqa: F811
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("upper\tlower\n春风明月山水花\t秋雨青云江河鸟\n", encoding="utf-8")
+    report = main(EvalConfig(str(keyword_file), model=str(tiny_checkpoint), dtype="float32", pairs=str(pairs),
+                             seeds=2))
+    assert report["n"] == 3 and set(report["errors"]) == {"abc"}
+    for key in ("rule_pass_rate", "keyword_coverage", "distinct_rate"):
+        assert 0.0 <= report[key] <= 1.0
+    assert report["rule_pass_rate"] == 1.0 and report["keyword_coverage"] == 1.0
+    assert report["seconds_per_couplet"] > 0 and report["pairs_n"] == 1 and report["nll_per_char"] > 0
+    assert [s["keywords"] for s in report["samples"]] == ["龙马", "春风", "福"]
+    assert {"upper", "lower", "hengpi", "checks"} <= set(report["samples"][0])
+    json.dumps(report, ensure_ascii=False)
+
+
+def test_modes_report_against_full(tiny_checkpoint, keyword_file, tmp_path):  # noqa: F811
+    cfg = parse_args(["--keywords", str(keyword_file), "--modes", "all", "--model", str(tiny_checkpoint),
+                      "--seeds", "1", "--dtype", "bfloat16"])
+    report = main(cfg)
+    assert report["dtype"] == "bfloat16" and set(report["modes"]) == set(MODES)
+    full = report["modes"]["full"]
+    assert full["kv_ratio"] == 1.0 and full["identical_rate"] == 1.0 and full["nll_delta"] == 0.0
+    for name, m in report["modes"].items():
+        assert {"kv_peak_bytes", "kv_ratio", "identical_rate", "nll_delta", "rule_pass_rate", "parallelism",
+                "seconds_per_couplet"} <= set(m), name
+        assert m["rule_pass_rate"] == 1.0
+    assert report["modes"]["int8"]["kv_ratio"] < 0.6 and report["modes"]["int4"]["kv_ratio"] < 0.35
+    assert report["modes"]["shared"]["identical_rate"] == 1.0
+
+
+def test_unknown_mode_is_refused(tiny_checkpoint, keyword_file):  # noqa: F811
+    with pytest.raises(ValueError, match="unknown mode"):
+        main(EvalConfig(str(keyword_file), modes=["nope"], model=str(tiny_checkpoint)))
+
+
+def test_sweep_writes_a_quality_versus_compression_plot(tiny_checkpoint, keyword_file, tmp_path,  # noqa: F811
+                                                        monkeypatch):
+    import couplet.evaluate as ev
+
+    monkeypatch.setattr(ev, "BUDGET_SWEEPS", {"window": ("ratio", (0.5, 1.0))})
+    plot = tmp_path / "sweep.html"
+    report = main(EvalConfig(str(keyword_file), modes=["full", "window"], model=str(tiny_checkpoint),
+                             dtype="float32", seeds=1, sweep=True, plot=str(plot)))
+    points = report["sweeps"]["window"]
+    assert [p["value"] for p in points] == [0.5, 1.0]
+    assert points[1]["identical_rate"] == 1.0 and points[1]["kv_ratio"] == pytest.approx(1.0)
+    assert points[0]["kv_ratio"] < points[1]["kv_ratio"]
+    html = plot.read_text(encoding="utf-8")
+    assert "Quality vs. compression" in html and "window" in html

@@ -134,6 +134,9 @@ def decode(lm: LoadedModel, prep: Prepared, mode: str, pool: PrefixPool | None =
         return rec
 
     with torch.inference_mode(), policy.new_session(lm.model, pool=pool) as session:
+        # every token fed: the prompt, 上联 + <mid>, 下联 but its last character; retention budgets are a
+        # share of this whole length (a fixed per-request cap), not of the tokens seen so far
+        session.expect([len(prep.prompt) + 2 * length])
         t0 = time.perf_counter()
         logits = session.forward(torch.tensor([prep.prompt], device=lm.device))[0, -1]
         yield Progress(mode, "", "", record(0, "", t0))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_model import embedded_lm, tiny_checkpoint, tiny_lm  # noqa: F401  (fixtures for the whole suite)
 
 TINY_VOCAB = 64
 

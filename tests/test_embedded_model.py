@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from tiny_model import embedded_lm  # noqa: F401  (fixture)
 from transformers import AutoTokenizer, LlamaForCausalLM
 
 from couplet.generate import CoupletRequest, generate
@@ -19,7 +18,7 @@ KEYWORD_SETS = ["龙马精神", "吉祥如意", "五福临门", "春风", "明�
                 "国泰民安", "花开富贵"]
 
 
-def test_checkpoint_is_a_standard_llama_with_gqa_and_rotary(embedded_lm):  # noqa: F811
+def test_checkpoint_is_a_standard_llama_with_gqa_and_rotary(embedded_lm):
     model = embedded_lm.model
     assert isinstance(model, LlamaForCausalLM)
     cfg = model.config
@@ -41,7 +40,7 @@ def test_tokenizer_round_trip():
 
 
 @pytest.mark.parametrize("keywords", KEYWORD_SETS)
-def test_real_model_writes_well_formed_couplets(embedded_lm, keywords):  # noqa: F811
+def test_real_model_writes_well_formed_couplets(embedded_lm, keywords):
     r = generate(embedded_lm, CoupletRequest(keywords))
     assert r.checks["passed"], (r.upper, r.lower, r.checks["failures"])
     assert check_couplet(r.upper, r.lower, r.hengpi, keywords)["passed"]

@@ -3,7 +3,6 @@
 import json
 
 import pytest
-from tiny_model import tiny_checkpoint  # noqa: F401  (fixture)
 
 from couplet.evaluate import EvalConfig, main, parse_args
 from couplet.kvcache import MODES
@@ -16,7 +15,7 @@ def keyword_file(tmp_path):
     return path
 
 
-def test_base_report_has_the_documented_keys(tiny_checkpoint, keyword_file, tmp_path):  # noqa: F811
+def test_base_report_has_the_documented_keys(tiny_checkpoint, keyword_file, tmp_path):
     pairs = tmp_path / "pairs.tsv"
     pairs.write_text("upper\tlower\n春风明月山水花\t秋雨青云江河鸟\n", encoding="utf-8")
     report = main(EvalConfig(str(keyword_file), model=str(tiny_checkpoint), dtype="float32", pairs=str(pairs),
@@ -31,7 +30,7 @@ def test_base_report_has_the_documented_keys(tiny_checkpoint, keyword_file, tmp_
     json.dumps(report, ensure_ascii=False)
 
 
-def test_modes_report_against_full(tiny_checkpoint, keyword_file, tmp_path):  # noqa: F811
+def test_modes_report_against_full(tiny_checkpoint, keyword_file, tmp_path):
     cfg = parse_args(["--keywords", str(keyword_file), "--modes", "all", "--model", str(tiny_checkpoint),
                       "--seeds", "1", "--dtype", "bfloat16"])
     report = main(cfg)
@@ -46,12 +45,12 @@ def test_modes_report_against_full(tiny_checkpoint, keyword_file, tmp_path):  # 
     assert report["modes"]["shared"]["identical_rate"] == 1.0
 
 
-def test_unknown_mode_is_refused(tiny_checkpoint, keyword_file):  # noqa: F811
+def test_unknown_mode_is_refused(tiny_checkpoint, keyword_file):
     with pytest.raises(ValueError, match="unknown mode"):
         main(EvalConfig(str(keyword_file), modes=["nope"], model=str(tiny_checkpoint)))
 
 
-def test_sweep_writes_a_quality_versus_compression_plot(tiny_checkpoint, keyword_file, tmp_path,  # noqa: F811
+def test_sweep_writes_a_quality_versus_compression_plot(tiny_checkpoint, keyword_file, tmp_path,
                                                         monkeypatch):
     import couplet.evaluate as ev
 

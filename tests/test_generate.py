@@ -1,7 +1,6 @@
 """Constrained decoding on the tiny random model: whatever the weights, the output is well-formed."""
 
 import pytest
-from tiny_model import tiny_lm  # noqa: F401  (fixture)
 
 from couplet.generate import CoupletRequest, generate, stream_modes
 from couplet.kvcache import MODES
@@ -13,7 +12,7 @@ KEYWORD_SETS = ["龙马精神", "福", "春风", "吉祥如意", "山水花鸟�
 
 @pytest.mark.parametrize("keywords", KEYWORD_SETS)
 @pytest.mark.parametrize("length", [5, 7])
-def test_output_is_well_formed(tiny_lm, keywords, length):  # noqa: F811
+def test_output_is_well_formed(tiny_lm, keywords, length):
     r = generate(tiny_lm, CoupletRequest(keywords, length=length))
     assert len(r.upper) == len(r.lower) == length
     assert tone_class(r.upper[-1]) == OBLIQUE and tone_class(r.lower[-1]) == LEVEL
@@ -26,14 +25,14 @@ def test_output_is_well_formed(tiny_lm, keywords, length):  # noqa: F811
     assert [s.step for s in r.steps] == list(range(2 * length + 1))
 
 
-def test_keywords_open_the_lines(tiny_lm):  # noqa: F811
+def test_keywords_open_the_lines(tiny_lm):
     r = generate(tiny_lm, CoupletRequest("龙马精神"))
     assert r.upper.startswith("龙马") and r.lower.startswith("精神")
     r = generate(tiny_lm, CoupletRequest("龙马精神", acrostic=True))
     assert r.upper.startswith("龙精") and r.lower.startswith("马神")
 
 
-def test_greedy_is_deterministic_and_sampling_follows_the_seed(tiny_lm):  # noqa: F811
+def test_greedy_is_deterministic_and_sampling_follows_the_seed(tiny_lm):
     a = generate(tiny_lm, CoupletRequest("春"))
     b = generate(tiny_lm, CoupletRequest("春"))
     assert (a.upper, a.lower) == (b.upper, b.lower)
@@ -44,14 +43,14 @@ def test_greedy_is_deterministic_and_sampling_follows_the_seed(tiny_lm):  # noqa
     assert len(others | {s1.upper}) > 1
 
 
-def test_unknown_keyword_character_is_kept_and_reported(tiny_lm):  # noqa: F811
+def test_unknown_keyword_character_is_kept_and_reported(tiny_lm):
     r = generate(tiny_lm, CoupletRequest("犇春"))
     assert r.upper.startswith("犇") and r.lower.startswith("春")
     assert any("犇" in n for n in r.notes)
 
 
 @pytest.mark.parametrize("raw", ["", "abc", "<b>!</b>", "一二三四五六七八九"])
-def test_bad_keywords_raise_a_clear_error(tiny_lm, raw):  # noqa: F811
+def test_bad_keywords_raise_a_clear_error(tiny_lm, raw):
     with pytest.raises(CoupletInputError):
         generate(tiny_lm, CoupletRequest(raw))
 
@@ -65,7 +64,7 @@ def test_invalid_request_fields_fail_at_construction():
         CoupletRequest("春", top_p=0)
 
 
-def test_modes_advance_in_lockstep_on_the_same_seed(tiny_lm):  # noqa: F811
+def test_modes_advance_in_lockstep_on_the_same_seed(tiny_lm):
     modes = list(MODES)
     updates = list(stream_modes(tiny_lm, CoupletRequest("春风", temperature=0.7, seed=5), modes))
     assert len(updates) > 2

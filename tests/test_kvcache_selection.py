@@ -3,6 +3,7 @@ keeps the top-scored and the protected positions; recorded scores are real atten
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import build_tiny_lm
 
@@ -33,6 +34,26 @@ def test_window_keeps_sinks_and_last_tokens(tiny_llama) -> None:
             for layer in range(2):
                 assert kept_positions(session, layer) == [expected, expected]
             assert session.stats().stored_tokens == budget == max(4, -(-n // 2))
+
+
+def test_length_hint_makes_the_budget_a_fixed_cap(tiny_llama) -> None:
+    """With `expect`, nothing is evicted until ratio * expected tokens are held; then the cap holds."""
+    policy = make_mode("window", ratio=0.5, sinks=2, floor=4)
+    total = len(PROMPT) + 12
+    cap = -(-total // 2)
+    with policy.new_session(tiny_llama) as session:
+        session.expect([total])
+        session.forward(torch.tensor([PROMPT]))
+        assert session.stats().stored_tokens == len(PROMPT)  # 8 < cap 10: the prompt is intact
+        for step in range(12):
+            session.forward(torch.tensor([[step + 3]]))
+            n = len(PROMPT) + step + 1
+            assert session.stats().stored_tokens == min(n, cap) == policy.budget(n, total)
+            assert session.stats().logical_length == n
+        assert kept_positions(session) == [[0, 1, *range(total - cap + 2, total)]] * 2
+    with policy.new_session(tiny_llama) as session, pytest.raises(ValueError, match="one length per batch row"):
+        session.forward(torch.tensor([PROMPT]))
+        session.expect([10, 12])
 
 
 def test_selective_keeps_top_scored_per_head_and_protected() -> None:

@@ -2,16 +2,22 @@
 the safety net (sinks + recent window, optionally the whole prompt), protected positions, the per-row
 top-k and the gather live here.
 
-Per row (sequence) of a batch, with `seen` real tokens so far:
-    budget(seen) = seen                                              if ratio >= 1 (keep everything)
-                 = min(seen, max(floor, sinks + recent, ceil(ratio * seen)))   otherwise
-counts every token the row attends to, shared prefix included. Candidates are the row's valid owned
-slots outside the store's pinned tail (its full-precision residual). Their keep order is a tier, then the
-score in [0, 1]: tier 3 = sinks (position < sinks; < prompt length if `keep_prompt`) and the recent window
-(position >= seen - recent), tier 2 = protected positions, tier 1 = the rest; padding and filler are never
-candidates. Each (row, head) keeps its top `keep[row]` candidates, sorted by position, then filler slots up
-to the longest row (so every head and every layer has the same slot count and the same filler slots),
-then the tail. One plan covers all layers at once; each layer's scores choose its own slots.
+Per row (sequence) of a batch, with `seen` real tokens so far and, when the generation loop knows it,
+`expected` = the row's whole logical length at the end of the request (`ModeSession.expect`):
+    budget(seen) = seen                                                  if ratio >= 1 (keep everything)
+                 = min(seen, max(floor, sinks + recent, ceil(ratio * expected)))   with a length hint
+                 = min(seen, max(floor, sinks + recent, ceil(ratio * seen)))       without (streaming)
+counts every token the row attends to, shared prefix included. With the hint the budget is a fixed
+per-request cap, as in H2O and StreamingLLM: nothing is evicted until the cache is full, and the peak is
+`ratio` of the full cache's peak. Without it the cache shrinks from the first step, which at couplet
+lengths (~20 tokens) throws away half of the prompt before the first character is written.
+Candidates are the row's valid owned slots outside the store's pinned tail (its full-precision residual).
+Their keep order is a tier, then the score in [0, 1]: tier 3 = sinks (position < sinks; < prompt length if
+`keep_prompt`) and the recent window (position >= seen - recent), tier 2 = protected positions, tier 1 = the
+rest; padding and filler are never candidates. Each (row, head) keeps its top `keep[row]` candidates, sorted
+by position, then filler slots up to the longest row (so every head and every layer has the same slot count
+and the same filler slots), then the tail. One plan covers all layers at once; each layer's scores choose its
+own slots.
 """
 
 from __future__ import annotations
@@ -31,11 +37,13 @@ class Retention:
     recent: int = 0
     keep_prompt: bool = False
 
-    def budget(self, seen: int) -> int:
-        """Tokens a row that has seen `seen` tokens may keep (prefix included)."""
+    def budget(self, seen: int, expected: int | None = None) -> int:
+        """Tokens a row that has seen `seen` tokens may keep (prefix included); `expected`: the row's
+        final logical length, when known, makes the budget a fixed cap of `ratio * expected`."""
         if self.ratio >= 1.0:
             return seen
-        return min(seen, max(self.floor, self.sinks + self.recent, math.ceil(self.ratio * seen)))
+        span = seen if expected is None else max(expected, 1)
+        return min(seen, max(self.floor, self.sinks + self.recent, math.ceil(self.ratio * span)))
 
     def score(self, pos: torch.Tensor, acc: torch.Tensor | None, seen: torch.Tensor) -> torch.Tensor:
         """Keep priority in [0, 1] (higher is kept) of every owned slot.
@@ -47,16 +55,18 @@ class Retention:
 
 
 def keep_counts(retention: Retention, seen: Sequence[int], prompt: Sequence[int], prefix_len: int,
-                cand_valid: Sequence[int], tail_valid: Sequence[int]) -> list[int]:
+                cand_valid: Sequence[int], tail_valid: Sequence[int],
+                expected: Sequence[int | None] | None = None) -> list[int]:
     """Per row, how many candidate slots to keep: the budget left after the prefix and the tail, but never
     fewer than the forced ones (sinks, the whole prompt if `keep_prompt`, the recent window) — the safety
     net holds even when a shared prefix has used up the budget."""
     out = []
-    for n, p, cv, tv in zip(seen, prompt, cand_valid, tail_valid, strict=True):
+    expected = expected if expected is not None else [None] * len(seen)
+    for n, p, cv, tv, e in zip(seen, prompt, cand_valid, tail_valid, expected, strict=True):
         head = min(n, max(retention.sinks, p if retention.keep_prompt else 0))
         forced = set(range(head)) | set(range(max(0, n - retention.recent), n))
         n_forced = sum(1 for pos in forced if prefix_len <= pos < n - tv)
-        out.append(min(cv, max(retention.budget(n) - prefix_len - tv, n_forced)))
+        out.append(min(cv, max(retention.budget(n, e) - prefix_len - tv, n_forced)))
     return out
 
 

@@ -28,7 +28,8 @@ class SelectivePolicy(Retention, Policy):
     tokens do not win just by being old. Always kept: the first `sinks` tokens and the last `recent`;
     next, the positions the generation loop protects via `ModeSession.protect` (keywords, the 上联
     characters aligned with the 下联 character being written and their neighbours); then the best scores,
-    up to budget(seen) = max(floor, sinks + recent, ceil(ratio * seen)) tokens per row. Heads choose
+    up to max(floor, sinks + recent, ceil(ratio * expected)) tokens per row, `expected` being the request's
+    whole length when the generation loop gives it (`ModeSession.expect`; else the tokens seen so far). Heads choose
     independently (H2O is per head); ratio=1.0 keeps everything. keep_prompt=True never evicts the prompt
     (the first forward's tokens): only generated tokens compete (what `combo` uses).
     """

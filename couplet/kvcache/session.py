@@ -70,6 +70,7 @@ class ModeSession:
         self.valid: list[list[bool]] = []  # per row, per owned slot: holds a real token
         self.blocks: list[list[Block]] = []  # per row, the pool blocks referenced, in chain order
         self.protected: list[list[int]] = []
+        self.expected: list[int | None] = []  # per row, the final logical length if the caller said
         self._prompts: list[list[int]] = []  # shared/combo: each row's real prompt tokens
         self._keys: list[list[bytes]] = []  # and the chain keys of its full blocks
         self._closed = False
@@ -140,6 +141,13 @@ class ModeSession:
         if self.batch and len(positions) != self.batch:
             raise ValueError(f"protect() needs one iterable per batch row ({self.batch}), got {len(positions)}")
         self.protected = [sorted({int(p) for p in row}) for row in positions]
+
+    def expect(self, lengths: Sequence[int | None]) -> None:
+        """Each row's whole logical length at the end of the request (prompt + everything to be fed).
+        Retention modes then cap the cache at `ratio` of it instead of shrinking from the first step."""
+        if self.batch and len(lengths) != self.batch:
+            raise ValueError(f"expect() needs one length per batch row ({self.batch}), got {len(lengths)}")
+        self.expected = list(lengths)
 
     def stats(self) -> KVStats:
         """Totals over the session's rows (for batch 1: the request). `kv_bytes` counts every tensor held,
@@ -310,7 +318,8 @@ class ModeSession:
         owned = len(self.valid[0])
         cand_valid = [sum(v[: owned - tail]) for v in self.valid]
         tail_valid = [sum(v[owned - tail:]) for v in self.valid]
-        keep = keep_counts(self.retention, self.seen, self.prompt_len, self._prefix_len(), cand_valid, tail_valid)
+        keep = keep_counts(self.retention, self.seen, self.prompt_len, self._prefix_len(), cand_valid, tail_valid,
+                           self.expected or None)
         if all(k >= cv for k, cv in zip(keep, cand_valid, strict=True)):
             return
         seen = torch.tensor(self.seen, device=self.device)

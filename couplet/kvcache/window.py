@@ -19,7 +19,8 @@ from couplet.kvcache.storage import PlainStore
 @dataclass
 class WindowPolicy(Retention, Policy):
     """Keep the first `sinks` tokens and the most recent ones: per row, budget(seen) tokens in all
-    (`ratio` of the tokens seen, at least `floor`; ratio=1.0 keeps everything). Couplets are ~20 tokens, so
+    (`ratio` of the request's whole length when known, else of the tokens seen; at least `floor`; ratio=1.0
+    keeps everything). Couplets are ~20 tokens, so
     the window is a share of the length rather than a fixed size (a 512-token window compresses nothing)."""
 
     name: ClassVar[str] = "window"

@@ -1,0 +1,122 @@
+"""Plotly figures of the per-step records (`couplet.events.StepRecord`), redrawn on every decode step.
+
+Each figure is rebuilt from scratch per update, so it is kept small: no default template (`template="none"`
+plus a few layout keys, ~1 KB instead of ~7 KB), and a constant `uirevision` so the visitor's zoom and
+legend toggles survive the stream of updates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import plotly.graph_objects as go
+
+from couplet.events import StepRecord
+
+# One colour per mode everywhere (chart lines, table swatches): festive but distinguishable.
+MODE_COLORS: dict[str, str] = {
+    "full": "#3b2a20",  # ink: the uncompressed baseline
+    "window": "#e0792b",  # lantern orange
+    "selective": "#2e8b57",  # jade
+    "int8": "#d4a017",  # gold
+    "int4": "#8a5a00",  # bronze
+    "shared": "#1f5f8b",  # palace blue
+    "combo": "#b22222",  # vermilion
+}
+_FALLBACK_COLORS = ("#7b3f98", "#c2185b", "#00838f", "#6d4c41", "#558b2f")
+FULL_EQUIVALENT_COLOR = "#9e9e9e"
+FONT_FAMILY = '"CoupletKai", "LXGW WenKai", "Noto Sans CJK SC", sans-serif'
+UIREVISION = "couplet-steps"
+STEP_AXIS = "解码步"
+KV_AXIS = "KV 缓存 (KB)"
+MEMORY_AXIS = "显存占用 (MB)"
+NO_GPU_NOTE = ("此处没有 GPU，在 CPU 上运行，没有显存数据可画（不编造数字）。"
+               "<br>改为显示：所有模式合计持有的 KV 缓存 (KB)。")
+KB, MB = 1024, 1024 * 1024
+
+
+def mode_color(mode: str) -> str:
+    """The fixed colour of a mode; modes outside the map get a stable colour from a spare palette."""
+    if mode in MODE_COLORS:
+        return MODE_COLORS[mode]
+    return _FALLBACK_COLORS[sum(map(ord, mode)) % len(_FALLBACK_COLORS)]
+
+
+def _layout(fig: go.Figure, title: str, y_title: str) -> go.Figure:
+    fig.update_layout(
+        template="none",
+        title={"text": title, "x": 0.01, "font": {"size": 16, "color": "#7d1010"}},
+        font={"family": FONT_FAMILY, "size": 13, "color": "#2a1410"},
+        paper_bgcolor="#fffaf0",
+        plot_bgcolor="#fffdf7",
+        margin={"l": 60, "r": 16, "t": 48, "b": 136},
+        height=400,
+        hovermode="x unified",
+        legend={"orientation": "h", "y": -0.4, "yanchor": "top", "x": 0, "bgcolor": "rgba(0,0,0,0)"},
+        uirevision=UIREVISION,
+        xaxis={"title": {"text": STEP_AXIS}, "gridcolor": "#f0e2bd", "zeroline": False, "rangemode": "tozero"},
+        yaxis={"title": {"text": y_title}, "gridcolor": "#f0e2bd", "zeroline": False, "rangemode": "tozero"},
+    )
+    return fig
+
+
+def _line(mode: str, label: str, steps: Sequence[int], values: Sequence[float | None], tokens: Sequence[str],
+          unit: str) -> go.Scatter:
+    return go.Scatter(
+        x=steps, y=values, customdata=tokens, name=label, meta=mode, mode="lines+markers",
+        line={"color": mode_color(mode), "width": 2.5}, marker={"size": 5},
+        hovertemplate=f"{label} · 「%{{customdata}}」 %{{y:.1f}} {unit}<extra></extra>",
+    )
+
+
+def kv_figure(records_by_mode: Mapping[str, Sequence[StepRecord]], labels: Mapping[str, str]) -> go.Figure:
+    """KV bytes each mode holds (own + its share of pooled prefix blocks) per decode step, in KB, one line
+    per mode, plus a dashed line for what the uncompressed cache would hold at the same length."""
+    fig = go.Figure()
+    full_equivalent: dict[int, int] = {}
+    for mode, records in records_by_mode.items():
+        steps = [r.step for r in records]
+        values = [(r.kv_bytes + r.shared_bytes) / KB for r in records]
+        fig.add_trace(_line(mode, labels.get(mode, mode), steps, values, [r.token for r in records], "KB"))
+        for r in records:
+            full_equivalent[r.step] = max(full_equivalent.get(r.step, 0), r.full_equivalent_bytes)
+    if full_equivalent:
+        steps = sorted(full_equivalent)
+        fig.add_trace(go.Scatter(
+            x=steps, y=[full_equivalent[s] / KB for s in steps], name="未压缩等价", meta="full-equivalent",
+            mode="lines", line={"color": FULL_EQUIVALENT_COLOR, "width": 1.5, "dash": "dash"},
+            hovertemplate="未压缩等价 %{y:.1f} KB<extra></extra>",
+        ))
+    return _layout(fig, "每步 KV 缓存", KV_AXIS)
+
+
+def memory_figure(records_by_mode: Mapping[str, Sequence[StepRecord]], labels: Mapping[str, str]) -> go.Figure:
+    """Device memory per step (CUDA allocator, MB), one line per mode. On CPU (every value None) there is
+    nothing true to plot, so the figure says so and shows the KV bytes all modes hold together instead."""
+    has_device = any(r.device_allocated is not None for records in records_by_mode.values() for r in records)
+    fig = go.Figure()
+    if has_device:
+        for mode, records in records_by_mode.items():
+            values = [None if r.device_allocated is None else r.device_allocated / MB for r in records]
+            fig.add_trace(_line(mode, labels.get(mode, mode), [r.step for r in records], values,
+                                [r.token for r in records], "MB"))
+        return _layout(fig, "每步显存占用（CUDA 分配器）", MEMORY_AXIS)
+
+    total: dict[int, int] = {}
+    for records in records_by_mode.values():
+        for r in records:
+            total[r.step] = total.get(r.step, 0) + r.kv_bytes + r.shared_bytes
+    steps = sorted(total)
+    fig.add_trace(go.Scatter(
+        x=steps, y=[total[s] / KB for s in steps], name="所有模式合计 KV 缓存", meta="all-modes-kv",
+        mode="lines", fill="tozeroy", line={"color": "#b22222", "width": 2}, fillcolor="rgba(212,175,55,0.25)",
+        hovertemplate="合计 %{y:.1f} KB<extra></extra>",
+    ))
+    fig.add_annotation(
+        text=NO_GPU_NOTE, xref="paper", yref="paper", x=0.02, y=0.98, xanchor="left", yanchor="top",
+        showarrow=False, align="left", font={"size": 13, "color": "#7d1010"},
+        bgcolor="rgba(255,250,240,0.9)", bordercolor="#d4af37", borderwidth=1, borderpad=6,
+    )
+    fig = _layout(fig, "显存：此处无 GPU", "KV 缓存合计 (KB)")
+    fig.update_layout(showlegend=False, margin={"b": 56}, height=340)
+    return fig

@@ -1,0 +1,76 @@
+
+import plotly.graph_objects as go
+
+from couplet.charts import KV_AXIS, MODE_COLORS, STEP_AXIS, UIREVISION, kv_figure, memory_figure, mode_color
+from couplet.events import StepRecord
+
+LABELS = {"full": "完整 full", "window": "窗口 window"}
+
+
+def records(mode, kv, shared=0, device=None, full_per_step=1000):
+    return [
+        StepRecord(mode=mode, step=i, token="龙马精神"[i % 4], logical_length=10 + i, stored_tokens=10 + i,
+                   kv_bytes=b, shared_bytes=shared, full_equivalent_bytes=full_per_step * (i + 1),
+                   device_allocated=None if device is None else device[i], device_peak=None, seconds=0.01)
+        for i, b in enumerate(kv)
+    ]
+
+
+def by_meta(fig, meta):
+    found = [t for t in fig.data if t.meta == meta]
+    assert len(found) == 1
+    return found[0]
+
+
+def test_kv_figure_one_line_per_mode_plus_full_equivalent():
+    data = {"full": records("full", [1024, 2048, 3072]), "window": records("window", [1024, 2048, 2048], shared=512)}
+    fig = kv_figure(data, LABELS)
+    assert isinstance(fig, go.Figure) and len(fig.data) == 3
+    full, window = by_meta(fig, "full"), by_meta(fig, "window")
+    assert list(full.y) == [1.0, 2.0, 3.0] and list(full.x) == [0, 1, 2]
+    assert list(window.y) == [1.5, 2.5, 2.5]  # own bytes + share of the prefix pool
+    assert window.name == "窗口 window" and window.line.color == MODE_COLORS["window"]
+    eq = by_meta(fig, "full-equivalent")
+    assert eq.line.dash == "dash" and list(eq.y) == [1000 / 1024, 2000 / 1024, 3000 / 1024]
+    assert fig.layout.xaxis.title.text == STEP_AXIS and fig.layout.yaxis.title.text == KV_AXIS
+    assert fig.layout.uirevision == UIREVISION
+
+
+def test_modes_of_different_lengths_and_unknown_labels():
+    fig = kv_figure({"int4": records("int4", [10, 20]), "mystery": records("mystery", [5])}, {})
+    assert by_meta(fig, "int4").name == "int4" and len(by_meta(fig, "mystery").y) == 1
+    assert by_meta(fig, "mystery").line.color == mode_color("mystery") not in MODE_COLORS.values()
+    assert len(by_meta(fig, "full-equivalent").x) == 2
+
+
+def test_updates_stay_small():
+    data = {m: records(m, list(range(0, 40_000, 1000))) for m in MODE_COLORS}
+    size = len(kv_figure(data, {}).to_json())
+    assert size < 16_000, size  # 7 modes x 40 steps; the default template alone would add ~7 KB
+
+
+def test_memory_on_cpu_says_there_is_no_gpu_and_plots_no_vram():
+    data = {"full": records("full", [1024, 2048]), "window": records("window", [1024, 1024])}
+    fig = memory_figure(data, LABELS)
+    assert len(fig.data) == 1 and fig.data[0].meta == "all-modes-kv"
+    assert list(fig.data[0].y) == [2.0, 3.0]  # KV held by all modes together, in KB
+    notes = " ".join(a.text for a in fig.layout.annotations)
+    assert "没有 GPU" in notes and "CPU" in notes
+    assert "MB" not in fig.layout.yaxis.title.text
+
+
+def test_memory_on_gpu_plots_allocator_megabytes():
+    mb = 1024 * 1024
+    data = {"full": records("full", [1, 2], device=[100 * mb, 101 * mb]),
+            "int8": records("int8", [1, 2], device=[None, 50 * mb])}
+    fig = memory_figure(data, LABELS)
+    assert len(fig.data) == 2 and not fig.layout.annotations
+    assert list(by_meta(fig, "full").y) == [100.0, 101.0]
+    assert list(by_meta(fig, "int8").y) == [None, 50.0]  # a gap, not a made-up zero
+    assert by_meta(fig, "int8").line.color == MODE_COLORS["int8"]
+
+
+def test_empty_input_gives_empty_figures():
+    assert len(kv_figure({}, {}).data) == 0
+    fig = memory_figure({}, {})
+    assert fig.layout.annotations  # still explains itself

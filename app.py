@@ -1,0 +1,171 @@
+"""开门见喜 · 春联生成终端 — the Gradio page. Layout and event wiring only; the work happens in `couplet`.
+
+    python app.py                     # http://127.0.0.1:7860
+    COUPLET_MODEL=path python app.py  # another checkpoint (same format)
+
+The endpoint `couplet` (gradio_client: `Client(url).submit(..., api_name="/couplet")`) streams one update
+per decoding step: the gate HTML, the checks, two Plotly charts, the per-mode table, and a JSON list with
+one object per mode (the CLI's JSON fields).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from importlib.metadata import version
+
+import gradio as gr
+import torch
+
+from couplet.calendar import DEFAULT_YEAR, MAX_YEAR, MIN_YEAR, year_label
+from couplet.charts import kv_figure, memory_figure
+from couplet.events import CoupletResult, StepRecord
+from couplet.gate import ASSETS_DIR, FONT_PATH, gate_css, render_gate
+from couplet.generate import CoupletRequest, stream_modes
+from couplet.kvcache import MODE_INFO, MODES, PrefixPool
+from couplet.model import LoadedModel, load_model
+from couplet.text import CoupletInputError
+from couplet.view import about_markdown, checks_html, mode_label, modes_table_html
+
+try:  # ZeroGPU on Hugging Face Spaces; elsewhere a no-op
+    import spaces
+
+    gpu = spaces.GPU
+except ImportError:
+    def gpu(fn):
+        return fn
+
+EXAMPLES = ["龙马精神", "吉祥如意", "春风", "明月", "五福临门", "梅花", "平安", "国泰民安"]
+QUEUE_SIZE = 64  # visitors waiting before the page says "busy"
+CONCURRENCY = 4  # requests decoding at once; each holds its own caches, the prefix pool is shared
+# Intra-op threads per torch call. Decoding one character of a 6M-parameter model is far too small to split
+# across cores; with several threads per call, CONCURRENCY requests (or any other busy process) oversubscribe
+# the CPU and every step stalls (seven modes: 0.8 s with 1 thread, 12-15 s with 2 on a busy 2-core machine).
+TORCH_THREADS = int(os.environ.get("COUPLET_TORCH_THREADS", "1"))
+
+_lm: LoadedModel | None = None
+POOL = PrefixPool()
+
+
+def model() -> LoadedModel:
+    global _lm
+    if _lm is None:
+        _lm = load_model()
+    return _lm
+
+
+def _outputs(gate: str, checks: str, records: dict[str, list[StepRecord]], table: str, payload: list) -> tuple:
+    labels = {m: mode_label(m) for m in records}
+    return gate, checks, kv_figure(records, labels), memory_figure(records, labels), table, payload
+
+
+@gpu
+def write_couplet(keywords: str, length: int, acrostic: bool, temperature: float, seed: float, year: float,
+                  modes: list[str]) -> Iterator[tuple]:
+    """Stream one couplet per selected mode, all on the same keywords and seed, step by step."""
+    notice = ""  # shown in the checks too: gr.Warning toasts do not reach API clients
+    try:
+        label = year_label(int(year if year is not None else DEFAULT_YEAR))
+    except (TypeError, ValueError, OverflowError):
+        label = year_label(DEFAULT_YEAR)
+        notice = f"年份须在 {MIN_YEAR}–{MAX_YEAR} 之间，已改用 {DEFAULT_YEAR} 年。"
+        gr.Warning(notice)
+    modes = [m for m in MODES if m in (modes or [])] or ["full"]
+    shown = "full" if "full" in modes else modes[0]
+    try:
+        request = CoupletRequest(keywords or "", int(length), bool(acrostic), float(temperature or 0.0),
+                                 1.0 if not temperature else 0.9, int(seed or 0))
+        records: dict[str, list[StepRecord]] = {m: [] for m in modes}
+        results: dict[str, CoupletResult] = {}
+        for update in stream_modes(model(), request, modes, POOL):
+            for m, progress in update.items():
+                if not records[m] or records[m][-1] is not progress.record:
+                    records[m].append(progress.record)
+                if progress.result is not None:
+                    results[m] = progress.result
+            p = update[shown]
+            done = len(results) == len(modes)
+            gate = render_gate(p.upper, p.lower, results[shown].hengpi if done else "", year_label=label,
+                               opened=done, pending=not done, length=request.length)
+            checks = checks_html(results[shown], notice) if done else checks_html(None, notice or "正在落笔……")
+            # the table's time is each mode's own decoding: the modes run interleaved, so a result's wall
+            # time (`seconds`) spans all of them
+            table = modes_table_html(results, {m: sum(s.seconds for s in r.steps) for m, r in results.items()}) \
+                if done else modes_table_html({})
+            payload = [results[m].to_json(with_steps=False) for m in modes] if done else []
+            yield _outputs(gate, checks, records, table, payload)
+    except CoupletInputError as e:
+        gr.Warning(str(e).split(" (")[0])
+        yield _outputs(render_gate("", "", "", year_label=label, opened=False, message=str(e).split(" (")[0]),
+                       checks_html(None, str(e)), {}, modes_table_html({}), [])
+    except ValueError as e:
+        gr.Warning("参数有误，请检查后重试。")
+        yield _outputs(render_gate("", "", "", year_label=label, opened=False, message="参数有误，请检查后重试。"),
+                       checks_html(None, f"参数有误：{e}"), {}, modes_table_html({}), [])
+
+
+def versions() -> dict[str, str]:
+    return {name: version(name) for name in ("torch", "transformers", "gradio", "plotly")}
+
+
+def build_app() -> gr.Blocks:
+    torch.set_num_threads(TORCH_THREADS)
+    lm = model()
+    label = year_label(DEFAULT_YEAR)
+    mode_choices = [(f"{mode_label(m)}｜{MODE_INFO[m].summary_zh}", m) for m in MODES]
+    with gr.Blocks(title="开门见喜 · 春联生成终端") as demo:
+        gr.HTML(f'<header id="masthead"><h1>开门见喜 · 春联生成终端</h1>'
+                f'<p class="on-red">{label} · 输入关键词，看小模型写春联，'
+                "也看 KV 缓存压缩省下多少、又改变了什么</p></header>")
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=2, min_width=300, elem_id="controls"):
+                keywords = gr.Textbox(label="关键词（1–8 个汉字）", value="龙马精神", max_lines=1, elem_id="keywords")
+                gr.Examples(EXAMPLES, inputs=keywords, label="试试这些", elem_id="examples")
+                with gr.Row():
+                    length = gr.Radio([7, 5], value=7, label="每联字数", elem_id="length")
+                    acrostic = gr.Checkbox(False, label="藏头（关键词交替作两联首字）", elem_id="acrostic")
+                temperature = gr.Slider(0, 1.5, value=0, step=0.05, label="温度（0 为贪心）", elem_id="temperature")
+                with gr.Row():
+                    seed = gr.Number(0, precision=0, label="随机种子", elem_id="seed")
+                    # no minimum/maximum: Gradio would refuse an out-of-range year in English before
+                    # write_couplet runs; write_couplet falls back to the default year with a Chinese message
+                    year = gr.Number(DEFAULT_YEAR, precision=0, label=f"年份（{MIN_YEAR}–{MAX_YEAR}）", elem_id="year")
+                modes = gr.CheckboxGroup(mode_choices, value=list(MODES), label="KV 缓存模式（同一关键词、同一种子）",
+                                         elem_id="modes")
+                button = gr.Button("开门见喜", variant="primary", elem_id="open-btn")
+            with gr.Column(scale=3, min_width=340):
+                gate = gr.HTML(render_gate("", "", "", year_label=label, opened=False), elem_id="gate-box")
+                checks = gr.HTML(checks_html(None, "输入关键词，点「开门见喜」。"), elem_id="checks-box",
+                                 container=True, padding=True)
+        with gr.Row():
+            # the figures carry their own titles; the labels still name the outputs in the API
+            kv_plot = gr.Plot(label="每步 KV 缓存", show_label=False, elem_id="kv-plot")
+            mem_plot = gr.Plot(label="每步设备内存", show_label=False, elem_id="mem-plot")
+        table = gr.HTML(modes_table_html({}), elem_id="table-box", container=True, padding=True)
+        payload = gr.JSON(visible=False, label="结果 JSON")
+        with gr.Accordion("关于：KV 缓存与各模式", open=False, elem_id="about"):
+            gr.Markdown(about_markdown(os.path.basename(lm.source.rstrip("/")) or lm.source, lm.parameters,
+                                       lm.device, str(lm.dtype).removeprefix("torch."), versions()))
+        inputs = [keywords, length, acrostic, temperature, seed, year, modes]
+        outputs = [gate, checks, kv_plot, mem_plot, table, payload]
+        # one concurrency group: the button and Enter share the CONCURRENCY slots (separate limits would add up);
+        # Enter's copy of the endpoint stays out of the API (api_name=False is not Gradio 6's way)
+        button.click(write_couplet, inputs, outputs, api_name="couplet", concurrency_limit=CONCURRENCY,
+                     concurrency_id="couplet")
+        keywords.submit(write_couplet, inputs, outputs, api_visibility="private", concurrency_limit=CONCURRENCY,
+                        concurrency_id="couplet")
+    return demo
+
+
+def launch_kwargs() -> dict:
+    """`theme`, `css` and `head` go to launch() in Gradio 6; tests launching the app pass them too."""
+    return {"css": gate_css(f"/gradio_api/file={FONT_PATH}"),
+            "theme": gr.themes.Soft(primary_hue="red", secondary_hue="amber")}
+
+
+gr.set_static_paths([str(ASSETS_DIR)])  # only assets/ is served as static files
+
+if __name__ == "__main__":
+    app = build_app()
+    app.queue(max_size=QUEUE_SIZE, default_concurrency_limit=CONCURRENCY)
+    app.launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"), **launch_kwargs())

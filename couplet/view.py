@@ -1,0 +1,104 @@
+"""HTML fragments the page shows beside the gate: the rules check, the per-mode table, the about panel.
+
+Pure functions of results (no Gradio, no tensors); every piece of text that came from a visitor or the
+model goes through `html.escape`.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Mapping
+from html import escape
+
+from couplet.charts import mode_color
+from couplet.events import CoupletResult
+from couplet.kvcache import MODE_INFO
+
+CHECK_LABELS = {"length": "字数", "tones": "平仄", "keywords": "关键词", "same_position": "同位不重",
+                "han_only": "汉字"}
+
+
+def mode_label(mode: str) -> str:
+    """`完整缓存 full` — Chinese label first, the registry name after it."""
+    info = MODE_INFO.get(mode)
+    return f"{info.label_zh} {mode}" if info else mode
+
+
+def checks_html(result: CoupletResult | None, message: str = "") -> str:
+    """The rules check in plain Chinese beneath the gate; `message` for notes or a refusal."""
+    parts = []
+    if message:
+        parts.append(f'<p class="check-message">{escape(message)}</p>')
+    if result is not None:
+        c = result.checks
+        items = "".join(
+            f'<li class="{"ok" if c[k]["ok"] else "bad"}"><b>{label}</b> {"✓" if c[k]["ok"] else "✗"} '
+            f'{escape(c[k]["message"])}</li>'
+            for k, label in CHECK_LABELS.items()
+        )
+        par = c["parallelism"]
+        items += f'<li class="score"><b>对仗</b> {escape(par["message"])}</li>'
+        parts.append(f'<ul class="checks">{items}</ul>')
+        parts += [f'<p class="check-note">{escape(n)}</p>' for n in result.notes]
+    return f'<div id="checks">{"".join(parts)}</div>'
+
+
+def highlight_diff(text: str, reference: str) -> str:
+    """Escaped `text` with the characters that differ from `reference` (same position) in <mark>."""
+    out = []
+    for i, ch in enumerate(text):
+        same = i < len(reference) and reference[i] == ch
+        out.append(escape(ch) if same else f'<mark class="diff">{escape(ch)}</mark>')
+    return "".join(out)
+
+
+def modes_table_html(results: Mapping[str, CoupletResult], seconds: Mapping[str, float] | None = None) -> str:
+    """One row per mode: peak KV, ratio to full, time, identical to full?, the couplet with differences marked.
+
+    Ratios are against `full` when it ran, else against each mode's own full-precision equivalent.
+    """
+    if not results:
+        return '<div id="modes-table"></div>'
+    full = results.get("full")
+    rows = []
+    for mode, r in results.items():
+        base = full.peak_bytes if full else r.full_equivalent_bytes
+        ratio = r.peak_bytes / base if base else 0.0
+        same = full is not None and (r.upper, r.lower) == (full.upper, full.lower)
+        ident = "—" if full is None or mode == "full" else ("✓ 相同" if same else "✗ 不同")
+        couplet = (highlight_diff(r.upper, full.upper) + " / " + highlight_diff(r.lower, full.lower)) if full else \
+            escape(f"{r.upper} / {r.lower}")
+        secs = (seconds or {}).get(mode, r.seconds)
+        rows.append(
+            f'<tr data-mode="{escape(mode)}"><td><span class="swatch" style="background:{mode_color(mode)}"></span>'
+            f"{escape(mode_label(mode))}</td><td>{r.peak_bytes / 1024:.1f} KB</td><td>{ratio:.2f}×</td>"
+            f"<td>{secs * 1000:.0f} ms</td><td>{ident}</td><td class=\"couplet-cell\">{couplet}</td></tr>"
+        )
+    head = ("<tr><th>模式</th><th>KV 峰值</th><th>相对完整缓存</th><th>用时</th><th>与完整缓存一致</th>"
+            "<th>春联（红底为不同之字）</th></tr>")
+    return f'<div id="modes-table"><table class="modes">{head}{"".join(rows)}</table></div>'
+
+
+def about_markdown(model_name: str, parameters: int, device: str, dtype: str, versions: Mapping[str, str]) -> str:
+    """The 'about' panel: what the KV cache is, what each mode does, and what is running."""
+    modes = "\n".join(f"- **{escape(info.label_zh)}** `{name}`：{escape(info.summary_zh)}"
+                      for name, info in MODE_INFO.items())
+    vers = "，".join(f"{k} {v}" for k, v in versions.items())
+    return f"""
+### KV 缓存是什么？
+
+模型每写一个字，都要回头看一遍前面所有的字。为了不每次从头重算，它把每个字算好的「键」和「值」（K、V）记在一本**便签本**上，
+这就是 KV 缓存。字越多、同时写春联的人越多，便签本就越厚、越占显存。压缩 KV 缓存，就是想办法让便签本变薄：
+只留要紧的几页、把字写小一点（量化），或者大家共用同一份开头（共享前缀）——代价是可能写出不一样的字。
+
+{modes}
+
+图表中每种模式的曲线随解码一步步增长；表格给出峰值、相对完整缓存的比例，以及写出的春联与完整缓存是否一致（不同的字以红底标出）。
+所有模式使用同一关键词、同一随机种子。
+
+### 运行环境
+
+- 模型：`{escape(model_name)}`（{parameters / 1e6:.1f}M 参数，{escape(dtype)}）
+- 设备：{escape(device)}；Python {platform.python_version()}
+- 版本：{escape(vers)}
+"""

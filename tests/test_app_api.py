@@ -1,0 +1,234 @@
+"""The real page over HTTP, as a gradio_client user sees it: `app.build_app()` queued as in production and
+launched on 127.0.0.1 once for this module (conftest `live_app`), then the public `/couplet` endpoint —
+couplets for several keyword sets and mode combinations, streaming, bad input, escaping, concurrent
+visitors — and the static route (the shipped font yes, the repository no).
+
+Greedy decoding (temperature 0) is deterministic, so a request must give the same couplet alone and
+among concurrent ones.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+import pytest
+from gradio_client import Client
+
+from couplet.calendar import DEFAULT_YEAR, MAX_YEAR, MIN_YEAR, year_label
+from couplet.gate import ASSETS_DIR, FONT_PATH
+from couplet.kvcache import MODES
+from couplet.text import is_han
+
+pytestmark = [
+    pytest.mark.slow,  # loads the embedded model
+    pytest.mark.filterwarnings("ignore:.*(no_silent_downcasting|copy keyword).*"),  # gradio's queue on pandas 3
+]
+
+ROOT = Path(__file__).resolve().parent.parent
+ALL_MODES = list(MODES)
+# Modes whose own cache is smaller than full's; `shared` holds the whole prompt while it is the only user.
+COMPRESSING = ("window", "selective", "int8", "int4", "combo")
+GATE, CHECKS, KV_PLOT, MEM_PLOT, TABLE, RESULTS = range(6)
+HTML_OUTPUTS = (GATE, CHECKS, TABLE)
+
+
+@pytest.fixture(scope="module")
+def client(live_app: str) -> Client:
+    return Client(live_app, verbose=False)
+
+
+def args(keywords: str, length: int = 7, acrostic: bool = False, temperature: float = 0.0, seed: int = 0,
+         year: int | None = DEFAULT_YEAR, modes: list[str] | None = None) -> tuple:
+    """The endpoint's inputs in order: keywords, length, acrostic, temperature, seed, year, modes."""
+    return keywords, length, acrostic, temperature, seed, year, list(ALL_MODES if modes is None else modes)
+
+
+def couplet(client: Client, *a, **kw) -> tuple:
+    return client.predict(*args(*a, **kw), api_name="/couplet")
+
+
+def _text(fragment: str) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", "", fragment))
+
+
+def gate_state(gate: str) -> str:
+    m = re.search(r'<div id="gate"[^>]*\bdata-state="(\w+)"', gate)
+    assert m, gate[:300]
+    return m.group(1)
+
+
+def gate_lines(gate: str) -> tuple[str, str, str]:
+    """(上联 on the right door, 下联 on the left door, 横批) as shown, tags stripped."""
+    upper = re.search(r'<div class="door door-right">.*?<p class="couplet-line"[^>]*>(.*?)</p>', gate, re.S)
+    lower = re.search(r'<div class="door door-left">.*?<p class="couplet-line"[^>]*>(.*?)</p>', gate, re.S)
+    hengpi = re.search(r'<div class="lintel">.*?<span class="hengpi">(.*?)</span>', gate, re.S)
+    assert upper and lower and hengpi, gate[:300]
+    return _text(upper.group(1)), _text(lower.group(1)), _text(hengpi.group(1))
+
+
+def gate_message(gate: str) -> str:
+    m = re.search(r'<div class="gate-message"[^>]*>(.*?)</div>', gate, re.S)
+    return _text(m.group(1)) if m else ""
+
+
+def plot_traces(plot: dict) -> list[str]:
+    """The `meta` (mode name) of every trace in a gr.Plot output as the client receives it."""
+    figure = json.loads(plot["plot"]) if isinstance(plot.get("plot"), str) else plot["plot"]
+    return [trace.get("meta") for trace in figure["data"]]
+
+
+CASES = [  # keywords, length, acrostic, temperature, seed, modes, (head of 上联, head of 下联)
+    ("龙马精神", 7, False, 0.0, 0, ALL_MODES, ("龙马", "精神")),
+    ("吉祥如意", 7, True, 0.0, 0, ["full", "shared", "combo"], ("吉如", "祥意")),  # 藏头: alternate lines
+    ("明月", 5, False, 0.0, 0, ["window", "int8"], ("明", "月")),  # no full: ratios against full-equivalent
+    ("五福临门", 5, False, 0.8, 7, ["full", "selective", "int4"], ("五福", "临门")),  # sampled
+]
+
+
+@pytest.mark.parametrize("keywords,length,acrostic,temperature,seed,modes,heads", CASES,
+                         ids=[f"{c[0]}-{c[1]}-{'+'.join(c[5])}" for c in CASES])
+def test_couplet_for_keywords_and_modes(client, keywords, length, acrostic, temperature, seed, modes, heads):
+    out = couplet(client, keywords, length, acrostic, temperature, seed, modes=modes)
+    results = out[RESULTS]
+    assert [r["mode"] for r in results] == modes  # one result per selected mode, in registry order
+    for r in results:
+        assert set(r) >= {"keywords", "upper", "lower", "hengpi", "checks", "mode", "kv"}
+        assert r["keywords"] == keywords
+        assert len(r["upper"]) == len(r["lower"]) == length, r
+        assert all(map(is_han, r["upper"] + r["lower"] + r["hengpi"])), r
+        assert r["upper"].startswith(heads[0]) and r["lower"].startswith(heads[1]), r
+        assert len(r["hengpi"]) == 4
+        assert r["checks"]["length"]["ok"] and r["checks"]["keywords"]["ok"], r["checks"]
+
+    by_mode = {r["mode"]: r for r in results}
+    for mode, r in by_mode.items():
+        base = by_mode["full"]["kv"]["peak_bytes"] if "full" in by_mode else r["kv"]["full_equivalent_bytes"]
+        if mode in COMPRESSING:
+            assert r["kv"]["peak_bytes"] < base, (mode, r["kv"], base)
+        else:
+            assert 0 < r["kv"]["peak_bytes"] <= base, (mode, r["kv"], base)
+
+    # the page shows the same couplet: full's if it ran, else the first mode's
+    shown = by_mode.get("full", results[0])
+    assert gate_state(out[GATE]) == "open"
+    assert gate_lines(out[GATE]) == (shown["upper"], shown["lower"], shown["hengpi"])
+    assert "字数" in out[CHECKS] and "平仄" in out[CHECKS]
+    assert re.findall(r'<tr data-mode="(\w+)"', out[TABLE]) == modes
+    assert plot_traces(out[KV_PLOT]) == [*modes, "full-equivalent"]  # one line per mode + the dashed reference
+
+
+def test_stream_yields_step_by_step(client):
+    job = client.submit(*args("龙马精神"), api_name="/couplet")
+    arrivals: list[tuple[float, bool, tuple]] = []
+    for update in job:  # arrives as the server yields
+        arrivals.append((time.perf_counter(), job.done(), update))
+    outputs = job.outputs()
+    assert len(outputs) > 1 and len(arrivals) > 1
+    # the first update reached us while decoding was still going on, well before the last
+    assert arrivals[0][0] < arrivals[-1][0]
+    first_partial = next(i for i, (_, _, u) in enumerate(arrivals) if gate_lines(u[GATE])[0])
+    assert not arrivals[first_partial][1], "the first character arrived only after the job had finished"
+
+    uppers = [gate_lines(u[GATE])[0] for u in outputs]
+    lowers = [gate_lines(u[GATE])[1] for u in outputs]
+    final = outputs[-1][RESULTS][0]
+    assert any(0 < len(u) < 7 for u in uppers), uppers  # the 上联 grows character by character
+    assert all(final["upper"].startswith(u) for u in uppers) and all(final["lower"].startswith(w) for w in lowers)
+    assert [gate_state(u[GATE]) for u in outputs[:-1]] == ["pending"] * (len(outputs) - 1)
+    assert gate_state(outputs[-1][GATE]) == "open"
+    assert all(u[RESULTS] == [] for u in outputs[:-1]) and len(outputs[-1][RESULTS]) == len(ALL_MODES)
+    steps = [len(plot_traces(u[KV_PLOT])) for u in outputs]  # every update carries every mode's line
+    assert set(steps) == {len(ALL_MODES) + 1}
+
+
+@pytest.mark.parametrize("keywords,message", [
+    ("", "请输入 1–8 个汉字"),
+    ("   ", "请输入 1–8 个汉字"),
+    ("hello", "关键词里没有汉字"),
+    ("一二三四五六七八九", "关键词最多 8 个汉字"),
+], ids=["empty", "blank", "latin", "nine-characters"])
+def test_bad_keywords_give_a_visible_chinese_message(client, keywords, message):
+    out = couplet(client, keywords, modes=["full"])  # no exception: the message is part of the page
+    assert out[RESULTS] == []
+    assert gate_state(out[GATE]) == "closed"
+    assert message in gate_message(out[GATE])
+    assert message in _text(out[CHECKS])
+    for i in HTML_OUTPUTS:
+        assert "Traceback" not in out[i]
+
+
+def test_year_picks_the_plaque_and_a_bad_year_falls_back_with_a_message(client):
+    out = couplet(client, "平安", year=2025, modes=["full"])
+    assert f'<span class="year-label">{year_label(2025)}</span>' in out[GATE]  # 乙巳蛇年
+    assert "年份须在" not in out[CHECKS]
+
+    out = couplet(client, "平安", year=1800, modes=["full"])  # Gradio would refuse it in English
+    assert len(out[RESULTS]) == 1 and gate_state(out[GATE]) == "open"
+    assert f'<span class="year-label">{year_label(DEFAULT_YEAR)}</span>' in out[GATE]
+    assert f"年份须在 {MIN_YEAR}–{MAX_YEAR} 之间" in _text(out[CHECKS])
+
+
+def test_user_text_is_escaped(client):
+    out = couplet(client, "<img src=x onerror=alert(1)>龙", modes=["full"])
+    assert out[RESULTS][0]["keywords"] == "龙"
+    assert "&lt;img" in out[CHECKS]  # the note on the dropped characters shows them as text
+    for i in HTML_OUTPUTS:
+        assert "<img" not in out[i].lower()
+
+    out = couplet(client, "<script>alert(1)</script>", modes=["full"])  # refused: nothing of it is echoed raw
+    for i in HTML_OUTPUTS:
+        assert "<script" not in out[i].lower()
+
+
+def test_concurrent_visitors_each_get_their_own_couplet(client):
+    keywords = ["龙马精神", "吉祥如意", "春风", "国泰民安"]
+    modes = ["full", "shared", "combo"]  # shared and combo use the process-wide prefix pool
+    # Put every prompt in the pool first, so that alone and together both find it there: combo's couplet
+    # for 龙马精神 is not the same on a pool miss as on a hit (a cache property, not interleaving).
+    for kw in keywords:
+        couplet(client, kw, modes=modes)
+    alone = {kw: couplet(client, kw, modes=modes)[RESULTS] for kw in keywords}
+
+    def visit(kw: str) -> tuple[float, float, tuple]:
+        job = client.submit(*args(kw, modes=modes), api_name="/couplet")
+        first = None
+        for _ in job:
+            first = first or time.perf_counter()
+        return first, time.perf_counter(), job.outputs()[-1]
+
+    with ThreadPoolExecutor(len(keywords)) as pool:
+        visits = dict(zip(keywords, pool.map(visit, keywords), strict=True))
+
+    assert max(v[0] for v in visits.values()) < min(v[1] for v in visits.values()), "the requests did not overlap"
+    for kw, (_, _, out) in visits.items():
+        results = out[RESULTS]
+        assert [r["mode"] for r in results] == modes
+        assert all(r["keywords"] == kw for r in results)
+        assert [(r["upper"], r["lower"], r["hengpi"]) for r in results] == \
+            [(r["upper"], r["lower"], r["hengpi"]) for r in alone[kw]]
+        assert gate_lines(out[GATE]) == (results[0]["upper"], results[0]["lower"], results[0]["hengpi"])
+
+
+def test_static_route_serves_the_font_and_nothing_outside_assets(live_app):
+    def get(path: str) -> httpx.Response:
+        return httpx.get(f"{live_app}gradio_api/file={path}", timeout=10)
+
+    font = get(str(FONT_PATH))
+    assert font.status_code == 200
+    assert font.content[:4] == b"wOF2" and len(font.content) == FONT_PATH.stat().st_size
+    for path in (ROOT / "app.py", ROOT / "couplet" / "model.py", ROOT / "README.md"):
+        assert path.exists()
+        assert get(str(path)).status_code != 200, path
+    assert get("app.py").status_code != 200  # relative to the server's working directory
+    assert get("/etc/passwd").status_code != 200
+    # climbing out of assets/, literally and percent-encoded (httpx itself would resolve a literal "..")
+    assert get(f"{ASSETS_DIR}/../app.py").status_code != 200
+    assert get(quote(f"{ASSETS_DIR}/../app.py", safe="")).status_code != 200
+    assert get(str(ASSETS_DIR).replace("/assets", "/assets%2F..") + "/app.py").status_code != 200

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The one test command: installs the runtime and test extras, the browser for the UI tests, then lints,
+# type-checks and runs the suite. Usage: bash scripts/test.sh [extra pytest args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python -m pip install -q -r requirements.txt -r requirements-test.txt
+# Debian's Chromium for the Playwright tests (`playwright install` would download a browser).
+if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+    || echo "warning: chromium could not be installed; browser tests will be skipped with a reason"
+fi
+python -m ruff check .
+python -m mypy couplet app.py
+python -m pytest -q "$@"

@@ -16,8 +16,10 @@ Modes (see `MODES`, `MODE_INFO`): full, window, selective, int8, int4, shared, c
 
 Contract of `ModeSession.forward(input_ids, attention_mask=None)`:
 - input_ids (batch, q) int; attention_mask None, (batch, q) or (batch, past + q) with 0 for LEFT padding.
-- returns the logits (batch, q, vocab) of this forward (`shared`/`combo` prefill on a pool hit: only the
-  positions computed, right-aligned — `logits[:, -1]` is always the next-token distribution).
+- returns the logits (batch, q, vocab) of this forward (`shared` prefill on a pool hit, `combo` prefill
+  always: only the positions computed, right-aligned — `logits[:, -1]` is always the next-token distribution).
+- a lossy pool (`combo`) gives the same bits whatever it holds: missing prompt blocks are computed one by
+  one against the pooled blocks before them, then the rest of the prompt runs as on a hit.
 - positions are logical (tokens seen per row), whatever was evicted; eviction runs after the forward.
 `stats()` -> KVStats(logical_length, stored_tokens, kv_bytes, shared_bytes, full_equivalent_bytes) summed
 over the batch; `stats_per_row()` one per row; `breakdown()` adds bookkeeping and pool bytes.

@@ -8,10 +8,14 @@ request's own store, so eviction is a gather of quantized rows), and a `Selectiv
 Budget: `ratio` of the tokens seen, counted over everything the request attends to, prompt included.
 The prompt is kept whole, wherever it lives (pool blocks are shared and immutable; the part not in a
 full block is kept too, so results do not depend on the pool's state); generated tokens compete for the
-rest, with the sinks + `recent` window always kept. Defaults, for the embedded
-model (256 B per uncompressed token per layer; an int4 row costs 72 B): a 21-token couplet with a
-6-token prompt keeps 11 tokens, one of them at full precision, (10 x 72 + 256) / (21 x 256) = 0.18x;
-a 27-token one with a 12-token prompt, (13 x 72 + 256) / (27 x 256) = 0.17x (target <= 0.20x).
+rest, with the sinks + `recent` window always kept. The prompt's whole blocks are always attended as the
+pool stores them (dequantized), on a miss too: the session computes missing blocks one at a time against
+the pooled blocks before them (`ModeSession._complete_chain`), so cold and warm pools give the same bits.
+
+Defaults, for the embedded model (256 B per uncompressed token per layer; an int4 row costs 72 B): a
+21-token couplet with a 6-token prompt keeps 11 tokens, one of them at full precision,
+(10 x 72 + 256) / (21 x 256) = 0.18x; a 27-token one with a 12-token prompt, (13 x 72 + 256) / (27 x 256)
+= 0.17x (target <= 0.20x).
 """
 
 from __future__ import annotations

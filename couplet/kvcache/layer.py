@@ -212,6 +212,15 @@ class CompressedCache(Cache):
         for layer in self.compressed:
             layer.pending_valid = valid
 
+    def load(self, rows: list[Any], positions: torch.Tensor, heads: int) -> None:
+        """Fill the empty stores with rows already in their format (one entry per layer, `BlockCodec.batch`) at
+        logical `positions` (batch, slots) int32, -1 for filler; they count as columns fed."""
+        for layer, layer_rows in zip(self.compressed, rows, strict=True):
+            layer.store.load(layer_rows)
+            layer.cumulative_length += positions.shape[-1]
+        self.meta.pending = positions
+        self.meta.sync(positions.shape[-1], positions.shape[0], heads, positions.device)
+
     def evict(self, index: torch.Tensor, filler: torch.Tensor, tail_pinned: bool) -> None:
         """Keep owned slots `index` (layers, batch, kv_heads, kept) in every layer; `filler` (batch, kept) bool
         marks slots that hold no token (rows keeping fewer than `kept`): position -1, masked."""

@@ -99,6 +99,14 @@ class PrefixPool:
             self.misses += len(keys) - len(out)
             return out
 
+    def reference(self, key: bytes) -> Block | None:
+        """Reference one block by key if the pool holds it (no hit/miss counted: a lookup, not a prefix match)."""
+        with self._lock:
+            block = self._blocks.get(key)
+            if block is not None:
+                self._ref(block)
+            return block
+
     def insert(self, key: bytes, parent: bytes, tokens: tuple[int, ...], payload: tuple[tuple, ...],
                tensors: list[torch.Tensor]) -> Block | None:
         """Add a block (or find the one already there) and reference it; None if the budget has no room

@@ -7,7 +7,10 @@ the model must not get wrong after compression:
 - the 2-D attention mask, one flag per stored slot (see `layer.py`), so padding, filler and the columns
   evicted are masked by transformers' own mask builder;
 - the prefix pool (first forward of `shared`/`combo`): matched blocks are referenced instead of recomputed,
-  new full blocks are published and referenced;
+  new full blocks are published and referenced. With a lossy codec (`combo`'s int4/int8 blocks) a missing
+  block is first computed on its own against the blocks before it as the pool holds them, then published,
+  and the rest of the prompt runs against the pooled prefix: on a miss, a partial or a full hit alike, so
+  results do not depend on the pool's state (bit for bit; see `_complete_chain`);
 - attention recording and eviction after each forward (a token is evicted only after attention used it).
 
 Zero device->host syncs per step when no attention mask is passed (batch 1); with a mask, one.
@@ -28,7 +31,7 @@ from couplet.kvcache.attention import Recording, recording
 from couplet.kvcache.layer import CompressedCache, CompressedLayer, FullCache
 from couplet.kvcache.pool import Block, PrefixPool, chain_keys
 from couplet.kvcache.retention import Retention, keep_counts, plan
-from couplet.kvcache.storage import BlockCodec
+from couplet.kvcache.storage import BlockCodec, PlainStore
 
 
 @dataclass
@@ -73,6 +76,7 @@ class ModeSession:
         self.expected: list[int | None] = []  # per row, the final logical length if the caller said
         self._prompts: list[list[int]] = []  # shared/combo: each row's real prompt tokens
         self._keys: list[list[bytes]] = []  # and the chain keys of its full blocks
+        self._loaded_pos: list[list[int]] = []  # and the positions of pool blocks it holds as owned slots
         self._closed = False
         self._finalizer: weakref.finalize | None = None
 
@@ -83,8 +87,9 @@ class ModeSession:
 
         `attention_mask` (batch, q) — or HF-style (batch, past + q), whose last q columns are used — marks
         real tokens (1) and left padding (0); None means all real. q' == q, except on the first call of
-        `shared`/`combo` when the pool already holds part of the prompt: only the positions actually
-        computed are returned, right-aligned, so `logits[:, -1]` is always each row's next-token distribution.
+        `shared` when the pool already holds part of the prompt, and of `combo` always (its prompt's whole
+        blocks always come from the pool): only the positions actually computed are returned, right-aligned,
+        so `logits[:, -1]` is always each row's next-token distribution.
         """
         if self._closed:
             raise RuntimeError("session is closed")
@@ -222,33 +227,115 @@ class ModeSession:
 
     def _attach_prefix(self, input_ids: torch.Tensor,
                        flags: list[list[bool]] | None) -> tuple[torch.Tensor, list[list[bool]] | None]:
-        """Reference the longest prefix of whole blocks every row finds in the pool; feed only the rest."""
+        """Reference the longest prefix of whole blocks every row finds in the pool; feed only the rest.
+
+        Lossy codec: first complete each row's chain of blocks in the pool (`_complete_chain`), so that every
+        row's whole blocks come from the pool whatever it held, and the rows whose chain goes beyond the common
+        prefix hold those blocks as private slots (`_load_private`): each row computes only its last, partial
+        (or last whole) block, exactly as on a warm pool."""
         assert self.sharing is not None
         sh, b = self.sharing, self.batch
         ids = input_ids.tolist()
         real = flags if flags is not None else [[True] * len(row) for row in ids]
         self._prompts = [[t for t, keep in zip(ids[r], real[r], strict=True) if keep] for r in range(b)]
         self._keys = [chain_keys(sh.namespace, p, sh.block_size) for p in self._prompts]
+        self._loaded_pos = [[] for _ in range(b)]
+        self._arm_finalizer()  # from here on, self.blocks' rows are released whatever happens
         # Leave at least one token to compute: its logits are the first next-token distribution.
-        found = [sh.pool.acquire_prefix(keys[: (len(prompt) - 1) // sh.block_size])
-                 for keys, prompt in zip(self._keys, self._prompts, strict=True)]
-        common = min(len(f) for f in found)
-        for f in found:
-            sh.pool.release(f[common:])
-        self.blocks = [f[:common] for f in found]
-        self._arm_finalizer()
+        attach = [(len(prompt) - 1) // sh.block_size for prompt in self._prompts]
+        chains: list[list[tuple]] = []  # lossy: per row, every whole block's payload (pooled or private)
+        for r in range(b):
+            self.blocks[r].extend(sh.pool.acquire_prefix(self._keys[r][: attach[r]]))
+            if not sh.codec.lossless:
+                chains.append(self._complete_chain(r))
+        common = min(min(len(blocks), n) for blocks, n in zip(self.blocks, attach, strict=True))
+        extra = [chain[common:n] for chain, n in zip(chains, attach, strict=True)] if chains else []
+        for row in self.blocks:
+            sh.pool.release(row[common:])
+            del row[common:]  # in place: the finalizer holds these lists
         m = common * sh.block_size
-        if m == 0:
-            return input_ids, flags
-        self._set_prefix(m)
-        for layer in self._layers:
-            layer.cumulative_length = m
+        if m:
+            self._set_prefix(m)
+            for layer in self._layers:
+                layer.cumulative_length = m
         self.seen = [m] * b
-        rest = [p[m:] for p in self._prompts]
+        if any(extra):
+            self._load_private(extra, m)
+        elif m == 0:
+            return input_ids, flags
+        rest = [p[n:] for p, n in zip(self._prompts, self.seen, strict=True)]
         width = max(len(r) for r in rest)
         new_ids = torch.tensor([[0] * (width - len(r)) + r for r in rest], dtype=input_ids.dtype)
         new_flags = [[False] * (width - len(r)) + [True] * len(r) for r in rest]
         return new_ids, (None if all(all(f) for f in new_flags) else new_flags)
+
+    def _complete_chain(self, r: int) -> list[tuple]:
+        """Lossy codec: make sure row `r`'s every whole prompt block is in the pool, computing the missing ones
+        canonically (`_compute_block`), and return the payloads of all of them in chain order. Blocks the pool
+        holds or takes are referenced in `self.blocks[r]`; once the pool refuses one (byte budget), it and the
+        blocks after it stay private to the request (same payloads, just not shared).
+
+        Why: with a lossy codec a block's keys/values depend on whether the tokens before it were attended at
+        full precision (computed in the same forward) or dequantized (taken from the pool). Computing every
+        block one at a time against its predecessors as the pool stores them makes the pool's content, and
+        then each request's results, independent of what the pool held before — cold, warm, or a partial match
+        (a single extra forward over all the missing blocks would not: the pool's blocks would then depend on
+        where the last hit ended). Costs one forward of `block_size` tokens per block computed (misses only)."""
+        assert self.sharing is not None
+        sh, bs = self.sharing, self.sharing.block_size
+        keys, prompt = self._keys[r], self._prompts[r]
+        chain = [blk.payload for blk in self.blocks[r]]
+        pooled = True  # the chain is still unbroken in the pool
+        for j in range(len(chain), len(keys)):
+            block = sh.pool.reference(keys[j]) if pooled else None
+            if block is None:
+                tokens = prompt[j * bs:(j + 1) * bs]
+                payload = self._compute_block(tokens, chain)
+                if pooled:
+                    tensors = [t for p in payload for t in sh.codec.tensors(p)]
+                    block = sh.pool.insert(keys[j], keys[j - 1] if j else b"", tuple(tokens), payload, tensors)
+                    pooled = block is not None
+            if block is not None:
+                self.blocks[r].append(block)
+                payload = block.payload  # another request may have inserted it first: the same values
+            chain.append(payload)
+        return chain
+
+    def _compute_block(self, tokens: list[int], chain: list[tuple]) -> tuple:
+        """One block's payload (per layer): `tokens` fed alone (batch 1) at logical positions len(chain) *
+        block_size onwards, attending to the blocks before it decoded from `chain` — exactly the forward a
+        request computes after a pool hit on those blocks, so both give the same bits."""
+        assert self.sharing is not None
+        sh = self.sharing
+        start = len(chain) * sh.block_size
+        scratch = CompressedCache(len(self._layers), PlainStore, track_positions=False)
+        for i, layer in enumerate(scratch.compressed):
+            if chain:
+                layer.set_prefix([[payload[i] for payload in chain]], sh.codec, start)
+            layer.cumulative_length = start
+            layer.keep_fresh = True
+        pos = torch.arange(start, start + len(tokens), dtype=torch.int32, device=self.device)[None]
+        scratch.begin(pos, None)
+        decoder = getattr(self.model, "base_model", self.model)  # the keys/values only: no LM head
+        with recording(None):
+            decoder(input_ids=torch.tensor([tokens], device=self.device), attention_mask=None,
+                    position_ids=pos.long(), past_key_values=scratch, use_cache=True)
+        fresh = [layer.fresh for layer in scratch.compressed]
+        return tuple(sh.codec.encode(kv[0][0], kv[1][0]) for kv in fresh if kv is not None)
+
+    def _load_private(self, extra: list[list[tuple]], m: int) -> None:
+        """Rows whose whole blocks go beyond the common prefix `m` hold them as owned slots, in the store's own
+        format (nothing re-quantized), right-aligned after filler; positions m, m + 1, ... per row."""
+        assert self.sharing is not None and isinstance(self.cache, CompressedCache)
+        sh, n_layers = self.sharing, len(self._layers)
+        counts = [len(e) * sh.block_size for e in extra]
+        width = max(counts)
+        self._loaded_pos = [[-1] * (width - c) + list(range(m, m + c)) for c in counts]
+        rows = [sh.codec.batch([[payload[i] for payload in e] for e in extra], width) for i in range(n_layers)]
+        heads = sh.codec.tensors(next(e for e in extra if e)[0][0])[0].shape[-3]  # (…, kv_heads, tokens, ·)
+        self.cache.load(rows, torch.tensor(self._loaded_pos, dtype=torch.int32, device=self.device), heads)
+        self.valid = [[False] * (width - c) + [True] * c for c in counts]
+        self.seen = [m + c for c in counts]
 
     def _set_prefix(self, m: int) -> None:
         assert self.sharing is not None
@@ -256,24 +343,29 @@ class ModeSession:
             layer.set_prefix([[blk.payload[i] for blk in row] for row in self.blocks], self.sharing.codec, m)
 
     def _publish_prefix(self, positions: list[list[int]]) -> None:
-        """Insert this prompt's new full blocks into the pool (from the prefill's raw keys/values), reference
-        the blocks every row has, drop those tokens from the owned slots, and seal the rest of the prompt."""
+        """Reference the blocks every row has in the pool — lossless codec: inserting this prompt's new full
+        blocks from the prefill's raw keys/values; lossy: only blocks `_complete_chain` put there, so the pool
+        never holds a block computed any other way —, drop those tokens from the owned slots, and seal the rest
+        of the prompt."""
         assert self.sharing is not None
         sh, b, layers = self.sharing, self.batch, self._layers
         m = self._prefix_len()
         fresh = [layer.fresh for layer in layers]  # each (batch, kv_heads, q, head_dim) keys, values
         got = []
         for r in range(b):
-            slot_of = {p: s for s, p in enumerate(positions[r]) if p >= 0}  # logical position -> owned slot
+            slot_of = {p: s for s, p in enumerate(positions[r]) if p >= 0}  # logical position -> fresh slot
             for i in range(len(self.blocks[r]), len(self._keys[r])):
-                start = slot_of[i * sh.block_size]
-                end = start + sh.block_size
-                payload = tuple(sh.codec.encode(k[r, :, start:end], v[r, :, start:end])
-                                for k, v in (kv for kv in fresh if kv is not None))
-                tensors = [t for p in payload for t in sh.codec.tensors(p)]
-                parent = self._keys[r][i - 1] if i else b""
-                tokens = tuple(self._prompts[r][i * sh.block_size:(i + 1) * sh.block_size])
-                block = sh.pool.insert(self._keys[r][i], parent, tokens, payload, tensors)
+                if not sh.codec.lossless:
+                    block = sh.pool.reference(self._keys[r][i])
+                else:
+                    start = slot_of[i * sh.block_size]
+                    end = start + sh.block_size
+                    payload = tuple(sh.codec.encode(k[r, :, start:end], v[r, :, start:end])
+                                    for k, v in (kv for kv in fresh if kv is not None))
+                    tensors = [t for p in payload for t in sh.codec.tensors(p)]
+                    parent = self._keys[r][i - 1] if i else b""
+                    tokens = tuple(self._prompts[r][i * sh.block_size:(i + 1) * sh.block_size])
+                    block = sh.pool.insert(self._keys[r][i], parent, tokens, payload, tensors)
                 if block is None:
                     break
                 self.blocks[r].append(block)
@@ -284,16 +376,17 @@ class ModeSession:
         common = min(got)
         for r in range(b):
             sh.pool.release(self.blocks[r][common:])
-            self.blocks[r] = self.blocks[r][:common]
+            del self.blocks[r][common:]
         m2 = common * sh.block_size
         if m2 != m:
             heads = next(kv for kv in fresh if kv is not None)[0].shape[1]
-            self._relayout(positions, m2, heads)
+            self._relayout([self._loaded_pos[r] + positions[r] for r in range(b)], m2, heads)
         for layer in layers:  # the prompt is kept in the pool's format wherever it lives (residual: generation)
             layer.store.seal()
 
     def _relayout(self, positions: list[list[int]], m2: int, heads: int) -> None:
         """Owned slots become [filler, tokens at positions >= m2 in order] per row; [0, m2) is now the prefix.
+        `positions`: per row, the logical position of every owned slot now (-1: padding, filler).
         (Slot order is free: every stored slot precedes every new query, and the mask is per slot.)"""
         b, layers = self.batch, self._layers
         keep = [[s for s, p in enumerate(positions[r]) if p >= m2] for r in range(b)]

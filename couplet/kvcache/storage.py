@@ -6,12 +6,13 @@ attention, and gathers the slots a retention policy chose. Shapes are transforme
 into a bigger buffer), so `nbytes()` — the sum of `untyped_storage().nbytes()` — is exactly what it holds.
 
 Block codecs turn one row's slice of keys/values, (kv_heads, tokens, head_dim), into the immutable
-payload stored in the prefix pool, and back.
+payload stored in the prefix pool, and back; `batch` lays pool payloads out in their store's own format
+(`Store.load`), for rows that keep pool blocks as private slots (see `ModeSession`).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -47,6 +48,7 @@ class Store(Protocol):
                valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]: ...
     def kv(self) -> tuple[torch.Tensor, torch.Tensor] | None: ...  # full-precision view of all slots
     def seal(self) -> None: ...  # store every slot in the compact format now (no residual)
+    def load(self, rows: Any) -> None: ...  # fill an empty store with rows already in its format (`BlockCodec.batch`)
     def gather(self, index: torch.Tensor, tail_pinned: bool) -> None: ...
     def tensors(self) -> list[torch.Tensor]: ...
     def nbytes(self) -> int: ...
@@ -78,6 +80,12 @@ class PlainStore:
 
     def seal(self) -> None:
         pass
+
+    def load(self, rows: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """Fill an empty store with (batch, heads, slots, head_dim) keys and values (`PlainCodec.batch`)."""
+        if self.length:
+            raise ValueError("load() fills an empty store")
+        self.k, self.v = own(rows[0]), own(rows[1])
 
     def gather(self, index: torch.Tensor, tail_pinned: bool = True) -> None:
         assert self.k is not None and self.v is not None
@@ -207,6 +215,19 @@ class QuantStore:
         if self.res is not None:
             self._flush(keep=0)
 
+    def load(self, rows: QuantRows) -> None:
+        """Fill an empty store with quantized per-token rows (2, batch, heads, slots, ·) [keys, values] of its
+        own format (`QuantCodec.batch`): the codes are kept as they are, never re-quantized."""
+        if self.length:
+            raise ValueError("load() fills an empty store")
+        if (self.key_axis != "token" or rows.bits != self.bits or (rows.zero is None) != self.symmetric
+                or self.group not in (0, rows.group)):
+            raise ValueError(f"rows of {rows.bits} bits, group {rows.group}, symmetric {rows.zero is None} do not "
+                             f"match this store ({self.bits} bits, group {self.group or 'head_dim'}, "
+                             f"symmetric {self.symmetric}, keys per {self.key_axis})")
+        self.dtype, self.group = rows.scale.dtype, rows.group
+        self.rows = rows.map(own)
+
     def _flush(self, keep: int | None = None) -> None:
         """Quantize the oldest residual rows beyond `keep` (default `residual`)."""
         n = self.overflow(keep)
@@ -260,14 +281,28 @@ class QuantStore:
 
 class BlockCodec(Protocol):
     name: str
+    lossless: bool  # decode(encode(k, v)) == (k, v) exactly
 
     def encode(self, k: torch.Tensor, v: torch.Tensor) -> tuple: ...
     def decode(self, payloads: list[tuple], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]: ...
     def tensors(self, payload: tuple) -> list[torch.Tensor]: ...
+    def batch(self, payloads: list[list[tuple]], width: int) -> Any: ...  # per row, payloads -> `Store.load` rows
+
+
+def _left_padded(parts: list[torch.Tensor | None], width: int) -> torch.Tensor:
+    """Per-row (*lead, heads, tokens, ·) tensors (None: no tokens) -> (*lead, batch, heads, width, ·), each row
+    right-aligned and zero-filled on the left (filler slots, masked by the session)."""
+    ref = next(p for p in parts if p is not None)
+    out = ref.new_zeros((*ref.shape[:-3], len(parts), ref.shape[-3], width, ref.shape[-1]))
+    for r, p in enumerate(parts):
+        if p is not None and p.shape[-2]:
+            out[..., r, :, width - p.shape[-2]:, :] = p
+    return out
 
 
 class PlainCodec:
     name = "plain"
+    lossless = True
 
     def encode(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return k.contiguous().clone(), v.contiguous().clone()
@@ -278,10 +313,18 @@ class PlainCodec:
     def tensors(self, payload: tuple) -> list[torch.Tensor]:
         return list(payload)
 
+    def batch(self, payloads: list[list[tuple]], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per row, blocks in order -> (batch, heads, width, head_dim) keys and values, left-padded with zeros."""
+        ks = [torch.cat([p[0] for p in row], dim=-2) if row else None for row in payloads]
+        vs = [torch.cat([p[1] for p in row], dim=-2) if row else None for row in payloads]
+        return _left_padded(ks, width), _left_padded(vs, width)
+
 
 class QuantCodec:
     """Per-token quantized blocks: keys and values as one (2, kv_heads, tokens, ·) `QuantRows` (the same row
     format as `QuantStore` with key_axis='token')."""
+
+    lossless = False
 
     def __init__(self, bits: int, group: int | None, symmetric: bool = True) -> None:
         self.bits, self.group, self.symmetric = bits, group, symmetric
@@ -296,3 +339,15 @@ class QuantCodec:
 
     def tensors(self, payload: tuple) -> list[torch.Tensor]:
         return payload[0].tensors()
+
+    def batch(self, payloads: list[list[tuple]], width: int) -> QuantRows:
+        """Per row, blocks in order -> (2, batch, heads, width, ·) rows in `QuantStore`'s format, codes and scales
+        as stored (nothing re-quantized), left-padded with zero rows (they dequantize to zeros)."""
+        parts = [cat_rows([p[0] for p in row], dim=-2) if row else None for row in payloads]
+        ref = next(p for p in parts if p is not None)
+        zero = None
+        if ref.zero is not None:
+            zero = _left_padded([None if p is None else p.zero for p in parts], width)
+        return QuantRows(_left_padded([None if p is None else p.data for p in parts], width),
+                         _left_padded([None if p is None else p.scale for p in parts], width), zero,
+                         ref.bits, ref.group)

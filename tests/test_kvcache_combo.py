@@ -1,0 +1,90 @@
+"""A lossy prefix pool (`combo`: prompt blocks stored at int4/int8) must not make results depend on what the
+pool held: cold, warm, a partial match, a longer prompt's chain, a pool too small for the prompt — the same
+request gives bit-identical logits, the pool ends up holding the same bits, and every reference is released."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from couplet.kvcache import PrefixPool, make_mode
+
+torch.set_num_threads(1)
+
+PROMPT = [1, 7, 12, 30, 5, 44, 9, 3]  # 8 tokens: with block_size 2, the last block ends the prompt
+LOSSY = [("combo", {}), ("combo", {"bits": 8}), ("combo", {"block_size": 3, "ratio": 0.4})]
+
+
+def run(model, mode: str, options: dict, pool: PrefixPool, prompts: list[list[int]],
+        steps: int = 8) -> list[torch.Tensor]:
+    """Left-padded greedy decoding of `prompts` in one session; every forward's logits (the prefill's whole)."""
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with make_mode(mode, **options).new_session(model, pool=pool) as session:
+        out = [session.forward(ids, attention_mask=mask if len(prompts) > 1 else None)]
+        for _ in range(steps):
+            out.append(session.forward(out[-1][:, -1].argmax(-1)[:, None]))
+    assert pool.total_refs() == 0
+    return out
+
+
+def assert_identical(a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
+    assert len(a) == len(b)
+    for step, (x, y) in enumerate(zip(a, b, strict=True)):
+        assert x.shape == y.shape and torch.equal(x, y), (step, (x - y).abs().max() if x.shape == y.shape else None)
+
+
+def payloads(pool: PrefixPool) -> dict[bytes, list[torch.Tensor]]:
+    return {key: [t for layer in blk.payload for p in layer for t in (p.tensors() if hasattr(p, "tensors") else [p])]
+            for key, blk in pool._blocks.items()}
+
+
+@pytest.mark.parametrize("mode, options", LOSSY)
+@pytest.mark.parametrize("prompt", [PROMPT, PROMPT[:7]])
+def test_lossy_pool_results_do_not_depend_on_pool_state(tiny_causal_lm, mode: str, options: dict,
+                                                         prompt: list[int]) -> None:
+    model = tiny_causal_lm
+    cold_pool = PrefixPool()
+    cold = run(model, mode, options, cold_pool, [prompt])
+    assert len(cold_pool) > 0
+    assert_identical(run(model, mode, options, cold_pool, [prompt]), cold)  # warm: every whole block is a hit
+
+    partial = PrefixPool()  # another prompt shares the first blocks only
+    run(model, mode, options, partial, [prompt[:4] + [50, 51, 52, 53, 54]])
+    assert_identical(run(model, mode, options, partial, [prompt]), cold)
+
+    longer = PrefixPool()  # a longer prompt's chain covers this one's, its last block included
+    run(model, mode, options, longer, [prompt + [40, 41, 42, 43]])
+    assert_identical(run(model, mode, options, longer, [prompt]), cold)
+
+    # the pool holds the same bits whoever computed each block
+    for pool in (partial, longer):
+        mine, theirs = payloads(cold_pool), payloads(pool)
+        shared_keys = mine.keys() & theirs.keys()
+        assert shared_keys
+        assert all(all(torch.equal(x, y) for x, y in zip(mine[k], theirs[k], strict=True)) for k in shared_keys)
+
+    block = cold_pool.nbytes // len(cold_pool)  # a pool with room for one block: the others stay private
+    tight = PrefixPool(max_bytes=block + block // 2)
+    assert_identical(run(model, mode, options, tight, [prompt]), cold)
+    assert tight.rejected > 0 and len(tight) == 1
+    assert_identical(run(model, mode, options, tight, [prompt]), cold)
+
+
+@pytest.mark.parametrize("mode, options", LOSSY)
+def test_lossy_pool_batches_do_not_depend_on_pool_state(tiny_causal_lm, mode: str, options: dict) -> None:
+    """Left-padded rows with different numbers of whole blocks: rows beyond the common prefix hold their pool
+    blocks as private slots, so a batch too gives the same bits at any pool state."""
+    model = tiny_causal_lm
+    prompts = [PROMPT, [1, 9, 33, 4, 27], PROMPT[:4] + [50, 51, 52]]
+    pool = PrefixPool()
+    cold = run(model, mode, options, pool, prompts)
+    assert_identical(run(model, mode, options, pool, prompts), cold)
+    partial = PrefixPool()
+    run(model, mode, options, partial, [PROMPT[:6] + [60]])
+    assert_identical(run(model, mode, options, partial, prompts), cold)
+    alone = PrefixPool()
+    for p in prompts:
+        run(model, mode, options, alone, [p])
+    assert_identical(run(model, mode, options, alone, prompts), cold)

@@ -47,6 +47,7 @@ class SlotMeta:
         self.pos: torch.Tensor | None = None
         self.score: torch.Tensor | None = None
         self.pending: torch.Tensor | None = None  # (batch, q) int32 positions of the tokens being fed
+        self.received: list[tuple[int, torch.Tensor]] = []  # this forward's attention per layer, not yet added
 
     @property
     def length(self) -> int:
@@ -67,6 +68,17 @@ class SlotMeta:
             zeros = torch.zeros(new.shape, dtype=torch.float32, device=device)
             self.score = zeros if self.score is None else torch.cat([self.score, zeros], dim=-1)
         self.pending = None
+
+    def add_received(self) -> None:
+        """Add the attention the layers recorded during the forward: one add for all layers when all recorded."""
+        received, self.received = self.received, []
+        if self.score is None or not received:
+            return
+        if [i for i, _ in received] == list(range(self.num_layers)):
+            self.score += torch.stack([t for _, t in received])
+        else:
+            for i, t in received:
+                self.score[i].add_(t)
 
     def gather(self, index: torch.Tensor, filler: torch.Tensor) -> None:
         """index (layers, batch, heads, kept), filler (batch, kept) bool: slots holding no token."""
@@ -124,11 +136,12 @@ class CompressedLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         if self.keep_fresh:
             self.fresh = (key_states, value_states)
-        keys, values = self.store.update(key_states, value_states, self.pending_valid)
+        prefix = None
+        if self.prefix_len:  # the pool's rows in the store's own format: the store decodes them with its own
+            assert self.prefix_rows is not None and self.prefix_codec is not None
+            prefix = self.prefix_codec.batch(self.prefix_rows, self.prefix_len)
+        keys, values = self.store.update(key_states, value_states, self.pending_valid, prefix)
         self.meta.sync(self.store.length, key_states.shape[0], key_states.shape[1], key_states.device)
-        if self.prefix_len:
-            pk, pv = self.prefix_kv()
-            keys, values = torch.cat([pk, keys], dim=-2), torch.cat([pv, values], dim=-2)
         self.cumulative_length += key_states.shape[-2]
         return keys, values
 
@@ -188,9 +201,10 @@ class CompressedLayer(DynamicLayer):
         self.prefix_rows, self.prefix_codec, self.prefix_len = rows, codec, length
 
     def record(self, scores: torch.Tensor) -> None:
-        """Add (batch, kv_heads, prefix + owned) attention received; the prefix part is never evicted."""
-        if self.meta.score is not None:
-            self.meta.score[self.index] += scores[..., self.prefix_len:]
+        """Add (batch, kv_heads, prefix + owned) attention received (the prefix part is never evicted) — after
+        the forward, with every layer's (`SlotMeta.add_received`)."""
+        if self.meta.score is not None:  # added for all layers at once after the forward (`CompressedCache.flush`)
+            self.meta.received.append((self.index, scores[..., self.prefix_len:]))
 
     def kv_nbytes(self) -> int:
         return self.store.nbytes()
@@ -209,6 +223,7 @@ class CompressedCache(Cache):
     def begin(self, positions: torch.Tensor, valid: torch.Tensor | None) -> None:
         """Positions (batch, q) int32 (-1 for padding) and validity of the tokens about to be fed."""
         self.meta.pending = positions
+        self.meta.received = []
         for layer in self.compressed:
             layer.pending_valid = valid
 
@@ -224,12 +239,14 @@ class CompressedCache(Cache):
     def evict(self, index: torch.Tensor, filler: torch.Tensor, tail_pinned: bool) -> None:
         """Keep owned slots `index` (layers, batch, kv_heads, kept) in every layer; `filler` (batch, kept) bool
         marks slots that hold no token (rows keeping fewer than `kept`): position -1, masked."""
-        for i, layer in enumerate(self.compressed):
-            layer.store.gather(index[i], tail_pinned)
+        for layer, layer_index in zip(self.compressed, index.unbind(0), strict=True):
+            layer.store.gather(layer_index, tail_pinned)
         self.meta.gather(index, filler)
 
     def flush(self) -> None:
-        """After a forward: let quantized stores quantize what left their residual (all layers at once)."""
+        """After a forward: add the attention recorded, and let quantized stores quantize what left their
+        residual (all layers at once)."""
+        self.meta.add_received()
         stores = [layer.store for layer in self.compressed]
         if all(isinstance(s, QuantStore) for s in stores):
             QuantStore.flush_all(stores)  # type: ignore[arg-type]

@@ -112,14 +112,18 @@ def quantize(x: torch.Tensor, bits: int, group: int, symmetric: bool = True) -> 
 
 def dequantize(q: QuantRows, dtype: torch.dtype) -> torch.Tensor:
     """Inverse of `quantize`: (..., n) in `dtype` (computed in float32, cast once)."""
-    if q.bits == 4:
-        codes = _int4_lut(q.data.device, q.zero is None)[q.data.long()].flatten(-2)  # (..., n)
+    grouped = (*q.scale.shape, q.group)  # (..., groups, group)
+    if q.bits == 4:  # index_select: the same lookup as lut[codes], half the dispatch cost
+        lut = _int4_lut(q.data.device, q.zero is None)
+        codes = lut.index_select(0, q.data.reshape(-1).long()).view(grouped)
     else:
-        codes = q.data.float()
-    x = codes.unflatten(-1, (-1, q.group)) * q.scale.float().unsqueeze(-1)  # (..., groups, group)
+        codes = q.data.float().reshape(grouped)
+    # a bf16/fp16 scale (zero) is promoted to float32 exactly, as .float() would: the product is float32 either way
+    x = codes * q.scale.unsqueeze(-1)
     if q.zero is not None:
-        x = x + q.zero.float().unsqueeze(-1)
-    return x.flatten(-2).to(dtype)
+        x = x + q.zero.unsqueeze(-1)
+    x = x.flatten(-2)
+    return x if x.dtype == dtype else x.to(dtype)
 
 
 def take_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -137,6 +141,12 @@ def cat_rows(parts: list[QuantRows], dim: int) -> QuantRows:
     zero = None if head.zero is None else torch.cat([p.zero for p in parts], dim)  # type: ignore[misc]
     return QuantRows(torch.cat([p.data for p in parts], dim), torch.cat([p.scale for p in parts], dim), zero,
                      head.bits, head.group)
+
+
+def same_format(a: QuantRows, b: QuantRows) -> bool:
+    """Whether `a` and `b`, per-token rows of the same layout, dequantize alike once concatenated."""
+    return (a.bits == b.bits and a.group == b.group and (a.zero is None) == (b.zero is None)
+            and a.scale.dtype == b.scale.dtype)
 
 
 def gather_rows(q: QuantRows, index: torch.Tensor) -> QuantRows:

@@ -74,7 +74,7 @@ def protected_mask(pos: torch.Tensor, protected: torch.Tensor | None) -> torch.T
     """pos (layers, batch, heads, slots), protected (batch, k) logical positions (-2 pads) -> same-shape bool."""
     if protected is None or protected.shape[-1] == 0:
         return torch.zeros_like(pos, dtype=torch.bool)
-    return (pos[..., None] == protected[None, :, None, None, :]).any(-1)
+    return (pos[..., None] == protected.view(protected.shape[0], 1, 1, -1)).any(-1)  # (…, slots, k) -> any
 
 
 def plan(pos: torch.Tensor, acc: torch.Tensor | None, tail: int, retention: Retention, keep: list[int],
@@ -90,19 +90,20 @@ def plan(pos: torch.Tensor, acc: torch.Tensor | None, tail: int, retention: Rete
     width = max(keep)
     dev = pos.device
     seen4 = seen.view(1, b, 1, 1)
-    tier = torch.ones_like(cand, dtype=torch.float32)
-    tier = torch.where(protected_mask(cand, protected), 2.0, tier)
     forced = (cand < head.view(1, b, 1, 1)) | (cand >= seen4 - retention.recent)
-    tier = torch.where(forced, 3.0, tier)
+    if protected is None or protected.shape[-1] == 0:
+        tier = torch.where(forced, 3.0, 1.0)  # float32
+    else:
+        tier = torch.where(forced, 3.0, torch.where(protected_mask(cand, protected), 2.0, 1.0))
     score = retention.score(pos, acc, seen4.float())[..., : s - tail]
     priority = (tier + 0.5 * score.clamp(0, 1)).masked_fill_(cand < 0, float("-inf"))
     top = priority.topk(width, dim=-1).indices  # (layers, batch, heads, width), best first
-    keep_t = torch.tensor(keep, device=dev)
-    filler = torch.arange(width, device=dev)[None, :] >= keep_t[:, None]  # (batch, width)
-    order_key = cand.gather(3, top).masked_fill_(filler[None, :, None, :], torch.iinfo(torch.int32).max)
+    # (batch, width + tail): rows keeping fewer than `width` end with filler; built on the host in one go
+    filler = torch.tensor([[i >= k for i in range(width)] + [False] * tail for k in keep], dtype=torch.bool,
+                          device=dev)
+    order_key = cand.gather(3, top).masked_fill_(filler[None, :, None, :width], torch.iinfo(torch.int32).max)
     index = top.gather(3, order_key.argsort(dim=-1))  # kept sorted by position, filler last
     if tail:
         tail_idx = torch.arange(s - tail, s, device=dev).expand(n, b, h, tail)
         index = torch.cat([index, tail_idx], dim=-1)
-        filler = torch.cat([filler, torch.zeros(b, tail, dtype=torch.bool, device=dev)], dim=-1)
     return index, filler

@@ -77,6 +77,7 @@ class ModeSession:
         self._prompts: list[list[int]] = []  # shared/combo: each row's real prompt tokens
         self._keys: list[list[bytes]] = []  # and the chain keys of its full blocks
         self._loaded_pos: list[list[int]] = []  # and the positions of pool blocks it holds as owned slots
+        self._head: torch.Tensor | None = None  # retention: (batch,) forced-position bound, see `_evict`
         self._closed = False
         self._finalizer: weakref.finalize | None = None
 
@@ -417,7 +418,10 @@ class ModeSession:
             return
         seen = torch.tensor(self.seen, device=self.device)
         r = self.retention
-        head = torch.tensor([max(r.sinks, p if r.keep_prompt else 0) for p in self.prompt_len], device=self.device)
+        if self._head is None:  # positions below it are forced: fixed once the prompt is known
+            self._head = torch.tensor([max(r.sinks, p if r.keep_prompt else 0) for p in self.prompt_len],
+                                      device=self.device)
+        head = self._head
         prot = None
         if any(self.protected):
             width = max(len(p) for p in self.protected)

@@ -16,14 +16,29 @@ from typing import Any, Protocol
 
 import torch
 
-from couplet.kvcache.quant import QuantRows, cat_rows, check_format, dequantize, gather_rows, quantize, take_rows
+from couplet.kvcache.quant import (
+    QuantRows,
+    cat_rows,
+    check_format,
+    dequantize,
+    gather_rows,
+    quantize,
+    same_format,
+    take_rows,
+)
+
+# Rows handed to `Store.update` (a shared prefix) or `Store.load`: what `BlockCodec.batch` gives, quantized pieces
+# (2, batch, heads, t_i, ·) in slot order, or full-precision keys and values (batch, heads, p, head_dim).
+Prefix = list[QuantRows] | tuple[torch.Tensor, torch.Tensor]
 
 
 def own(t: torch.Tensor) -> torch.Tensor:
     """`t` itself if it owns exactly its storage, else a compact copy (a view would hold its whole base)."""
-    if t.storage_offset() == 0 and t.is_contiguous() and t.untyped_storage().nbytes() == t.numel() * t.element_size():
+    if not t.is_contiguous():
+        return t.contiguous()  # already a new, compact tensor: one copy, not two
+    if t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.numel() * t.element_size():
         return t
-    return t.contiguous().clone()
+    return t.clone()
 
 
 def storage_bytes(tensors: list[torch.Tensor]) -> int:
@@ -44,8 +59,8 @@ class Store(Protocol):
     def n_tail(self) -> int: ...  # trailing slots eviction must keep, in place (full-precision residual)
     @property
     def can_gather(self) -> bool: ...
-    def update(self, k: torch.Tensor, v: torch.Tensor,
-               valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def update(self, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor | None,
+               prefix: Any = None) -> tuple[torch.Tensor, torch.Tensor]: ...  # prefix: `BlockCodec.batch` rows
     def kv(self) -> tuple[torch.Tensor, torch.Tensor] | None: ...  # full-precision view of all slots
     def seal(self) -> None: ...  # store every slot in the compact format now (no residual)
     def load(self, rows: Any) -> None: ...  # fill an empty store with rows already in its format (`BlockCodec.batch`)
@@ -68,12 +83,20 @@ class PlainStore:
     def length(self) -> int:
         return 0 if self.k is None else self.k.shape[-2]
 
-    def update(self, k: torch.Tensor, v: torch.Tensor,
-               valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append (batch, heads, q, dim) rows; return all rows (the stored tensors themselves)."""
+    def update(self, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor | None = None,
+               prefix: Prefix | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append (batch, heads, q, dim) rows; return all rows (the stored tensors themselves), after `prefix`'s
+        keys and values (batch, heads, p, dim) if given (`PlainCodec.batch`; `QuantCodec.batch` rows are
+        dequantized)."""
         self.k = own(k) if self.k is None else torch.cat([self.k, k], dim=-2)
         self.v = own(v) if self.v is None else torch.cat([self.v, v], dim=-2)
-        return self.k, self.v
+        if prefix is None:
+            return self.k, self.v
+        if isinstance(prefix, list):
+            pk, pv = dequantize(cat_rows(prefix, dim=-2), k.dtype).unbind(0)
+        else:
+            pk, pv = prefix
+        return torch.cat([pk, self.k], dim=-2), torch.cat([pv, self.v], dim=-2)
 
     def kv(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         return None if self.k is None or self.v is None else (self.k, self.v)
@@ -138,14 +161,23 @@ class QuantStore:
     def can_gather(self) -> bool:
         return self.key_axis == "token"
 
-    def _stacked(self, extra: torch.Tensor | None = None) -> torch.Tensor | None:
-        """All slots at full precision (then `extra`) as (2, b, h, slots, head_dim); a transient copy."""
-        if self.length == 0:
+    def _stacked(self, extra: torch.Tensor | None = None, prefix: Prefix | None = None) -> torch.Tensor | None:
+        """[prefix,] all slots at full precision[, then `extra`] as (2, b, h, slots, head_dim); a transient copy.
+        A `prefix` in the rows' format is dequantized together with them: one call instead of two, same values."""
+        if self.length == 0 and prefix is None:
             return extra
         assert self.dtype is not None
         parts = []
-        if self.rows is not None:
-            old = dequantize(self.rows, self.dtype)
+        rows = self.rows
+        if isinstance(prefix, tuple):  # full-precision keys, values (`PlainCodec.batch`)
+            parts.append(torch.stack(prefix))
+        elif prefix:  # quantized pieces of one codec, hence one format
+            if rows is not None and self.kq is None and same_format(prefix[0], rows):
+                rows = cat_rows([*prefix, rows], dim=-2)  # one concatenation, one dequantization
+            else:
+                parts.append(dequantize(cat_rows(prefix, dim=-2), self.dtype))
+        if rows is not None:
+            old = dequantize(rows, self.dtype)
             if self.kq is not None:  # per-channel keys: (b, h, head_dim, t) -> (1, b, h, t, head_dim)
                 old = torch.cat([dequantize(self.kq, self.dtype).transpose(-1, -2)[None], old])
             parts.append(old)
@@ -160,9 +192,11 @@ class QuantStore:
         kv = self._stacked()
         return None if kv is None else (kv[0], kv[1])
 
-    def update(self, k: torch.Tensor, v: torch.Tensor,
-               valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return old rows (dequantized) + residual + the new rows at full precision; then store the new rows.
+    def update(self, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor | None = None,
+               prefix: Prefix | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return [prefix +] old rows (dequantized) + residual + the new rows at full precision; then store the
+        new rows. `prefix`: rows not held by this store, per-token quantized pieces (2, b, h, t_i, ·)
+        (`QuantCodec.batch`) or full-precision keys, values (`PlainCodec.batch`).
 
         `valid` (batch, q) bool marks real tokens; padding is zeroed before it can enter per-channel scales.
         """
@@ -175,12 +209,13 @@ class QuantStore:
         if self.overflow() > 0:  # nobody flushed after the last forward (see `flush_all`)
             self._flush()
         new = torch.stack([k, v])  # (2, b, h, q, head_dim)
-        full = self._stacked(extra=new)
+        full = self._stacked(extra=new, prefix=prefix)
         assert full is not None
         if valid is not None and self.key_axis == "channel":
             new = torch.where(valid[None, :, None, :, None], new, torch.zeros((), dtype=new.dtype, device=new.device))
         self.res = new if self.res is None else torch.cat([self.res, new], dim=-2)
-        return full[0], full[1]
+        keys, values = full.unbind(0)
+        return keys, values
 
     def overflow(self, keep: int | None = None) -> int:
         """Residual rows to quantize now: beyond `keep` (default `residual`), whole key groups per channel."""
@@ -196,37 +231,42 @@ class QuantStore:
         if not stores:
             return
         n = stores[0].overflow()
-        alike = all(s.key_axis == "token" and s.overflow() == n and s.res is not None for s in stores)
+        shape = None if stores[0].res is None else stores[0].res.shape
+        alike = all(s.key_axis == "token" and s.res is not None and s.res.shape == shape and s.overflow() == n
+                    for s in stores)
         if not alike or n == 0 or len(stores) == 1:
             for s in stores:
                 s._flush()
             return
         head = stores[0]
-        rows = quantize(torch.stack([s.res[..., :n, :] for s in stores]),  # type: ignore[index]
-                        head.bits, head.group, head.symmetric)  # (layers, 2, b, h, n, ·)
+        res = torch.stack([s.res for s in stores if s.res is not None])  # (layers, 2, b, h, r, head_dim)
+        rows = quantize(res[..., :n, :], head.bits, head.group, head.symmetric)  # (layers, 2, b, h, n, ·)
+        data, scale = rows.data.unbind(0), rows.scale.unbind(0)
+        zero = [None] * len(stores) if rows.zero is None else rows.zero.unbind(0)
+        left = None if n == res.shape[-2] else res[..., n:, :].unbind(0)
         for i, s in enumerate(stores):
-            mine = rows.map(lambda t, i=i: t[i])  # type: ignore[misc]
+            mine = QuantRows(data[i], scale[i], zero[i], rows.bits, rows.group)
             s.rows = mine.map(own) if s.rows is None else cat_rows([s.rows, mine], dim=-2)
-            assert s.res is not None
-            s.res = None if n == s.res.shape[-2] else own(s.res[..., n:, :])
+            s.res = None if left is None else own(left[i])
 
     def seal(self) -> None:
         """Quantize the residual now (whole key groups only, per channel); e.g. a prompt stored like pool blocks."""
         if self.res is not None:
             self._flush(keep=0)
 
-    def load(self, rows: QuantRows) -> None:
+    def load(self, pieces: list[QuantRows]) -> None:
         """Fill an empty store with quantized per-token rows (2, batch, heads, slots, ·) [keys, values] of its
-        own format (`QuantCodec.batch`): the codes are kept as they are, never re-quantized."""
+        own format, in pieces (`QuantCodec.batch`): the codes are kept as they are, never re-quantized."""
         if self.length:
             raise ValueError("load() fills an empty store")
+        rows = cat_rows(pieces, dim=-2)
         if (self.key_axis != "token" or rows.bits != self.bits or (rows.zero is None) != self.symmetric
                 or self.group not in (0, rows.group)):
             raise ValueError(f"rows of {rows.bits} bits, group {rows.group}, symmetric {rows.zero is None} do not "
                              f"match this store ({self.bits} bits, group {self.group or 'head_dim'}, "
                              f"symmetric {self.symmetric}, keys per {self.key_axis})")
         self.dtype, self.group = rows.scale.dtype, rows.group
-        self.rows = rows.map(own)
+        self.rows = rows.map(own) if len(pieces) > 1 else rows.map(torch.clone)  # never a payload's own tensors
 
     def _flush(self, keep: int | None = None) -> None:
         """Quantize the oldest residual rows beyond `keep` (default `residual`)."""
@@ -292,6 +332,10 @@ class BlockCodec(Protocol):
 def _left_padded(parts: list[torch.Tensor | None], width: int) -> torch.Tensor:
     """Per-row (*lead, heads, tokens, ·) tensors (None: no tokens) -> (*lead, batch, heads, width, ·), each row
     right-aligned and zero-filled on the left (filler slots, masked by the session)."""
+    full = [p for p in parts if p is not None and p.shape[-2] == width]
+    if len(full) == len(parts):  # e.g. a prefix: every row complete, no filler
+        axis = full[0].dim() - 3
+        return full[0].unsqueeze(axis) if len(full) == 1 else torch.stack(full, dim=axis)
     ref = next(p for p in parts if p is not None)
     out = ref.new_zeros((*ref.shape[:-3], len(parts), ref.shape[-3], width, ref.shape[-1]))
     for r, p in enumerate(parts):
@@ -321,8 +365,9 @@ class PlainCodec:
 
 
 class QuantCodec:
-    """Per-token quantized blocks: keys and values as one (2, kv_heads, tokens, ·) `QuantRows` (the same row
-    format as `QuantStore` with key_axis='token')."""
+    """Per-token quantized blocks: keys and values as one (2, 1, kv_heads, tokens, ·) `QuantRows`, the row format
+    of `QuantStore` with key_axis='token' for a batch of one: a row's blocks and its own rows concatenate as they
+    are, in one call per step."""
 
     lossless = False
 
@@ -331,23 +376,27 @@ class QuantCodec:
         self.name = f"int{bits}-g{group or 'head'}-{'sym' if symmetric else 'asym'}"
 
     def encode(self, k: torch.Tensor, v: torch.Tensor) -> tuple[QuantRows]:
-        return (quantize(torch.stack([k, v]), self.bits, self.group or k.shape[-1], self.symmetric),)
+        kv = torch.stack([k, v])[:, None]  # (2, 1, kv_heads, tokens, head_dim)
+        return (quantize(kv, self.bits, self.group or k.shape[-1], self.symmetric),)
 
     def decode(self, payloads: list[tuple], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         kv = dequantize(cat_rows([p[0] for p in payloads], dim=-2), dtype)
-        return kv[0], kv[1]
+        return kv[0, 0], kv[1, 0]
 
     def tensors(self, payload: tuple) -> list[torch.Tensor]:
         return payload[0].tensors()
 
-    def batch(self, payloads: list[list[tuple]], width: int) -> QuantRows:
-        """Per row, blocks in order -> (2, batch, heads, width, ·) rows in `QuantStore`'s format, codes and scales
-        as stored (nothing re-quantized), left-padded with zero rows (they dequantize to zeros)."""
-        parts = [cat_rows([p[0] for p in row], dim=-2) if row else None for row in payloads]
+    def batch(self, payloads: list[list[tuple]], width: int) -> list[QuantRows]:
+        """Per row, blocks in order -> pieces of (2, batch, heads, ·, ·) rows in `QuantStore`'s format, `width`
+        slots in all, codes and scales as stored (nothing re-quantized): a single row's blocks as they are (it
+        fills `width`); rows of a batch concatenated, right-aligned after zero rows (they dequantize to zeros)."""
+        if len(payloads) == 1:
+            return [p[0] for p in payloads[0]]
+        parts = [cat_rows([p[0] for p in row], dim=-2).map(lambda t: t[:, 0]) if row else None for row in payloads]
         ref = next(p for p in parts if p is not None)
         zero = None
         if ref.zero is not None:
             zero = _left_padded([None if p is None else p.zero for p in parts], width)
-        return QuantRows(_left_padded([None if p is None else p.data for p in parts], width),
-                         _left_padded([None if p is None else p.scale for p in parts], width), zero,
-                         ref.bits, ref.group)
+        return [QuantRows(_left_padded([None if p is None else p.data for p in parts], width),
+                          _left_padded([None if p is None else p.scale for p in parts], width), zero,
+                          ref.bits, ref.group)]

@@ -11,6 +11,7 @@ one object per mode (the CLI's JSON fields).
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterator
 from importlib.metadata import version
 
@@ -163,9 +164,21 @@ def launch_kwargs() -> dict:
             "theme": gr.themes.Soft(primary_hue="red", secondary_hue="amber")}
 
 
+def serve(host: str = "127.0.0.1", port: int | None = None, block: bool = False) -> gr.Blocks:
+    """Build, queue and launch the page as `python app.py` does; `port=0` picks a free local port (tests,
+    benchmarks), `block=False` returns at once with the server running (`demo.local_url`, `demo.close()`)."""
+    if port == 0:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+    demo = build_app()
+    demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=CONCURRENCY)
+    demo.launch(server_name=host, server_port=port, prevent_thread_lock=not block, quiet=not block,
+                **launch_kwargs())
+    return demo
+
+
 gr.set_static_paths([str(ASSETS_DIR)])  # only assets/ is served as static files
 
 if __name__ == "__main__":
-    app = build_app()
-    app.queue(max_size=QUEUE_SIZE, default_concurrency_limit=CONCURRENCY)
-    app.launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"), **launch_kwargs())
+    serve(os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"), block=True)

@@ -15,7 +15,6 @@ import argparse
 import math
 import os
 import re
-import socket
 import statistics
 import sys
 import time
@@ -74,13 +73,7 @@ def launch() -> tuple[object, str]:
     """The app as `python app.py` serves it (same queue, same launch options), on a free local port."""
     import app
 
-    demo = app.build_app()
-    demo.queue(max_size=app.QUEUE_SIZE, default_concurrency_limit=app.CONCURRENCY)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
-                **app.launch_kwargs())
+    demo = app.serve(port=0)
     return demo, demo.local_url
 
 

@@ -59,18 +59,10 @@ def tiny_causal_lm(request: pytest.FixtureRequest) -> torch.nn.Module:
 def live_app():
     """The real page (`app.build_app`) queued as in production and launched on 127.0.0.1 at a free port,
     once per test module; yields its URL ("http://127.0.0.1:PORT/") and closes it afterwards."""
-    import socket
-
     import app  # imported here: gradio is slow to import and only the app tests need it
 
     threads = torch.get_num_threads()  # build_app sets the serving thread count; give the next module its own
-    demo = app.build_app()
-    demo.queue(max_size=app.QUEUE_SIZE, default_concurrency_limit=app.CONCURRENCY)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
-                **app.launch_kwargs())
+    demo = app.serve(port=0)
     try:
         yield demo.local_url
     finally:

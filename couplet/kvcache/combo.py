@@ -42,7 +42,10 @@ class ComboPolicy(Policy):
     sinks: int = 2
     recent: int = 2
     floor: int = 4
-    residual: int = 1
+    # No full-precision residual by default: on the dev list residual=1 cost 0.183x of full's bytes and
+    # residual=0 0.147x at the same quality (NLL delta +0.650 vs +0.652, rule pass 1.0), with a little
+    # less work per step (1.27x -> 1.24x full's step time, CPU float32, one run each).
+    residual: int = 0
     block_size: int = 2
     group_size: int | None = None
 

@@ -67,17 +67,6 @@ def sample_keywords(pair: Pair, rng: random.Random) -> str:
     return "".join(text[i] for i in picks)
 
 
-def encode(vocab: dict[str, int], keywords: str, upper: str, lower: str,
-           ids: dict[str, int]) -> list[int]:
-    """Same layout as `couplet.tokenizer.couplet_ids`, with a plain dict for speed in the training loop."""
-    unk = ids["<unk>"]
-    char = [vocab.get(c, unk) for c in keywords + upper + lower]
-    k, n = len(keywords), len(upper)
-    length_tag = ids[f"<L{n}>"]
-    return [ids["<bos>"], length_tag, *char[:k], ids["<sep>"],
-            *char[k:k + n], ids["<mid>"], *char[k + n:], ids["<eos>"]]
-
-
 def make_batch(seqs: list[list[int]], pad_id: int, sep_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded (batch, max_len) inputs and labels; labels are -100 up to and including <sep>."""
     width = max(len(s) for s in seqs)

@@ -17,21 +17,17 @@ import torch
 from couplet.model import LoadedModel
 from couplet.phrases import HENGPI_PHRASES
 from couplet.scoring import sequence_logprobs
-from couplet.tokenizer import char_ids
+from couplet.tokenizer import char_ids, couplet_ids, upper_start
 
 
 def _couplet_logprob(lm: LoadedModel, themes: list[str], upper: str, lower: str) -> torch.Tensor:
     """Sum of log p(couplet tokens | `<bos> <Ln> theme <sep>`) for each theme; (len(themes),)."""
-    f = lm.ids
-    body = [*char_ids(lm.tokenizer, upper), f.mid, *char_ids(lm.tokenizer, lower), f.eos]
-    seqs, starts = [], []
-    for theme in themes:
-        head = [f.bos, f.length[len(upper)], *char_ids(lm.tokenizer, theme), f.sep]
-        seqs.append(head + body)
-        starts.append(len(head))
-    logp = sequence_logprobs(lm.model, seqs, f.pad)
+    seqs = [couplet_ids(lm.tokenizer, theme, upper, lower) for theme in themes]
+    body = len(upper) + len(lower) + 2  # both lines, <mid> and <eos>
+    logp = sequence_logprobs(lm.model, seqs, lm.ids.pad)
     # logp[:, t-1] scores token t; sum over the couplet body of each row
-    return torch.stack([logp[row, s - 1 : s - 1 + len(body)].sum() for row, s in enumerate(starts)])
+    return torch.stack([logp[row, upper_start(t) - 1 : upper_start(t) - 1 + body].sum()
+                        for row, t in enumerate(themes)])
 
 
 SHORTLIST = 24

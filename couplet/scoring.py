@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from couplet.tokenizer import FormatIds, char_ids
+from couplet.tokenizer import FormatIds, couplet_ids, upper_start
 
 
 @torch.no_grad()
@@ -49,9 +49,9 @@ def lower_line_nll(
         chunk = pairs[start : start + batch_size]
         seqs, spans = [], []
         for upper, lower in chunk:
-            head = [f.bos, f.length[len(upper)], *char_ids(tok, keywords), f.sep, *char_ids(tok, upper), f.mid]
-            seqs.append(head + char_ids(tok, lower) + [f.eos])
-            spans.append((len(head), len(head) + len(lower)))
+            seqs.append(couplet_ids(tok, keywords, upper, lower))
+            lower_start = upper_start(keywords) + len(upper) + 1  # past <mid>
+            spans.append((lower_start, lower_start + len(lower)))
         logp = sequence_logprobs(model, seqs, f.pad)
         for row, (a, b) in enumerate(spans):
             # logp[:, t-1] scores token t

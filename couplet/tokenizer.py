@@ -85,6 +85,11 @@ def prompt_ids(tok: PreTrainedTokenizerBase, keywords: str, length: int) -> list
     return [f.bos, f.length[length], *char_ids(tok, keywords), f.sep]
 
 
+def upper_start(keywords: str) -> int:
+    """Index of the first 上联 token in `couplet_ids`: after `<bos> <Ln> keywords <sep>`."""
+    return len(keywords) + 3
+
+
 def couplet_ids(tok: PreTrainedTokenizerBase, keywords: str, upper: str, lower: str) -> list[int]:
     """The whole training sequence for one pair."""
     f = FormatIds.of(tok)

@@ -24,10 +24,10 @@ import torch
 from tqdm import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from couplet.data import KINDS, Pair, encode, is_heldout, make_batch, read_pairs, sample_keywords
+from couplet.data import KINDS, Pair, is_heldout, make_batch, read_pairs, sample_keywords
 from couplet.phrases import HENGPI_PHRASES
 from couplet.scoring import lower_line_nll
-from couplet.tokenizer import SPECIAL_TOKENS, build_tokenizer
+from couplet.tokenizer import SPECIAL_TOKENS, build_tokenizer, couplet_ids
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,7 @@ def main(cfg: TrainConfig) -> dict:
     for step in bar:
         chosen = rng.choices(kinds, weights, k=cfg.batch_size)
         pairs = [rng.choice(by_kind[k]) for k in chosen]
-        seqs = [encode(vocab, sample_keywords(p, rng), p.upper, p.lower, ids) for p in pairs]
+        seqs = [couplet_ids(tok, sample_keywords(p, rng), p.upper, p.lower) for p in pairs]
         inputs, labels = make_batch(seqs, ids["<pad>"], ids["<sep>"])
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)

@@ -31,11 +31,11 @@ def reference(model, prompt: list[int], steps: int) -> tuple[list[int], list[tor
     """The same greedy loop with transformers' DynamicCache and no session at all."""
     cache = DynamicCache()
     with torch.no_grad():
-        logits = model(torch.tensor([prompt]), past_key_values=cache, use_cache=True).logits[:, -1]
+        logits = model(torch.tensor([prompt]), cache=cache, use_cache=True).logits[:, -1]
         tokens, outs = [], [logits]
         for _ in range(steps):
             tokens.append(int(logits.argmax(-1)))
-            logits = model(torch.tensor([[tokens[-1]]]), past_key_values=cache, use_cache=True).logits[:, -1]
+            logits = model(torch.tensor([[tokens[-1]]]), cache=cache, use_cache=True).logits[:, -1]
             outs.append(logits)
     return tokens, outs
 
@@ -155,8 +155,8 @@ def test_positions_after_eviction_match_manual_recomputation(arch: str) -> None:
     ids = torch.tensor([[PROMPT[p] for p in kept]])
     cache = DynamicCache()
     with torch.no_grad():
-        model(ids, position_ids=torch.tensor([kept]), past_key_values=cache, use_cache=True)
-        manual = model(torch.tensor([[21]]), position_ids=torch.tensor([[8]]), past_key_values=cache).logits[:, -1]
+        model(ids, position_ids=torch.tensor([kept]), cache=cache, use_cache=True)
+        manual = model(torch.tensor([[21]]), position_ids=torch.tensor([[8]]), cache=cache).logits[:, -1]
     assert torch.allclose(logits, manual, atol=1e-5, rtol=0)
 
 
@@ -177,7 +177,7 @@ def test_positions_after_eviction_multilayer(tiny_causal_lm, mode: str) -> None:
         logits = session.forward(torch.tensor([[17, 18]]))
     with torch.no_grad():
         manual = tiny_causal_lm(torch.tensor([[17, 18]]), position_ids=torch.tensor([[logical, logical + 1]]),
-                                past_key_values=cache).logits
+                                cache=cache).logits
     assert torch.allclose(logits, manual, atol=1e-5, rtol=0)
 
 

@@ -126,7 +126,7 @@ class ModeSession:
         rec = Recording(self.cache.layers, valid_t) if self.records else None
         with recording(rec):
             out = self.model(input_ids=input_ids.to(self.device), attention_mask=self._mask_2d(flags, q),
-                             position_ids=pos.clamp(min=0).long(), past_key_values=self.cache, use_cache=True)
+                             position_ids=pos.clamp(min=0).long(), cache=self.cache, use_cache=True)
         self.cache.flush()
         for row in range(b):
             new = flags[row] if flags is not None else [True] * q
@@ -320,7 +320,7 @@ class ModeSession:
         decoder = getattr(self.model, "base_model", self.model)  # the keys/values only: no LM head
         with recording(None):
             decoder(input_ids=torch.tensor([tokens], device=self.device), attention_mask=None,
-                    position_ids=pos.long(), past_key_values=scratch, use_cache=True)
+                    position_ids=pos.long(), cache=scratch, use_cache=True)
         fresh = [layer.fresh for layer in scratch.compressed]
         return tuple(sh.codec.encode(kv[0][0], kv[1][0]) for kv in fresh if kv is not None)
 

@@ -157,13 +157,10 @@ def decode(lm: LoadedModel, prep: Prepared, mode: str, pool: PrefixPool | None =
                 lines[line] += char
                 last = line == 1 and pos == length - 1
                 if not last:
-                    # Structure for `selective`/`combo` (others ignore it): the keywords always; the 上联
-                    # written so far, which 下联 must mirror; while 下联 is written, the 上联 characters it
-                    # has yet to match (the next forward writes 下联 character pos + 1).
-                    if line == 1:
-                        session.protect([couplet_protection(keyword_positions, upper_start, length, pos + 1)])
-                    else:
-                        session.protect([keyword_positions + list(range(upper_start, upper_start + pos + 1))])
+                    # Structure for `selective`/`combo` (others ignore it), for the character the next
+                    # forward writes: keywords and the 上联 so far, then the 上联 characters 下联 must mirror.
+                    nxt = (line, pos + 1) if pos + 1 < length else (1, 0)  # what the next forward writes
+                    session.protect([couplet_protection(keyword_positions, upper_start, length, *nxt)])
                     feed = char_ids(lm.tokenizer, char)
                     if line == 0 and pos == length - 1:
                         feed.append(lm.ids.mid)  # the line break rides along with the last 上联 character

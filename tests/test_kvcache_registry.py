@@ -12,13 +12,13 @@ from couplet.kvcache import MODE_INFO, MODES, make_mode, option_names
 def test_registry_lists_the_seven_modes_with_chinese_labels() -> None:
     assert list(MODES) == ["full", "window", "selective", "int8", "int4", "shared", "combo"]
     assert set(MODE_INFO) == set(MODES)
-    assert MODE_INFO["window"].label_zh == "滑动窗口+注意力汇点" and MODE_INFO["int4"].label_zh == "INT4 量化"
+    assert MODE_INFO["window"].label_zh == "滑动窗口" and MODE_INFO["int4"].label_zh == "INT4 量化"
     for name, cls in MODES.items():
         policy = make_mode(name)
         assert dataclasses.is_dataclass(policy) and type(policy) is cls
         assert policy.describe().startswith(f"{name}: ")
     described = make_mode("selective", ratio=0.25).describe()
-    assert described == "selective: ratio=0.25, sinks=2, recent=2, floor=4, keep_prompt=False"
+    assert described == "selective: ratio=0.25, sinks=0, recent=4, floor=4, decay=0.0, keep_prompt=False"
 
 
 def test_unknown_mode_lists_valid_names() -> None:

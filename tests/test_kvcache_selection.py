@@ -57,7 +57,7 @@ def test_length_hint_makes_the_budget_a_fixed_cap(tiny_llama) -> None:
 
 
 def test_selective_keeps_top_scored_per_head_and_protected() -> None:
-    policy = make_mode("selective", ratio=0.5, sinks=1, recent=1, floor=1)
+    policy = make_mode("selective", ratio=0.5, sinks=1, recent=1, floor=1, decay=1.0)  # the H2O mean
     n = 10
     # per head, different favourites; the normalised score is acc / (n - pos), so set acc accordingly
     mean = torch.tensor([[[[0.0, 0.1, 0.9, 0.2, 0.8, 0.05, 0.3, 0.01, 0.02, 0.0],
@@ -75,6 +75,33 @@ def test_selective_keeps_top_scored_per_head_and_protected() -> None:
     assert [sorted(index[0, 0, h].tolist()) for h in range(2)] == [[0, 2, 7, 8, 9], [0, 6, 7, 8, 9]]
 
 
+def test_decayed_scores_weigh_recent_attention(tiny_llama) -> None:
+    """decay=0 keeps only the latest forward's attention (TOVA); in between, a moving average normalised by
+    its weights, so a token attended to in every step scores like one attended to as much just once."""
+    prompt = torch.tensor([PROMPT])
+    scores = {}
+    for decay in (0.0, 0.5, 1.0):
+        with make_mode("selective", ratio=1.0, decay=decay).new_session(tiny_llama) as session:
+            session.forward(prompt)
+            before = session.cache.meta.score.clone()
+            rec: list[torch.Tensor] = []
+            layer = session.cache.layers[0]
+            original = layer.record
+            layer.record = lambda s, rec=rec, original=original: (rec.append(s), original(s))  # observe, not replace
+            session.forward(torch.tensor([[3]]))
+            latest = rec[0][0]  # (kv_heads, slots) attention this step paid, layer 0, row 0
+            after = session.cache.meta.score[0, 0]
+            assert torch.allclose(after[:, :-1], decay * before[0, 0] + latest[:, :-1])
+            scores[decay] = after
+    assert torch.allclose(scores[0.0].sum(-1), torch.ones(2))  # one query's probabilities: they sum to 1
+    policy = make_mode("selective", decay=0.5)
+    pos = torch.tensor([[[[0, 1]]]], dtype=torch.int32)
+    acc = torch.tensor([[[[1.0 + 0.5 + 0.25, 1.0 + 0.5]]]])  # attention 1.0 at every step each was visible
+    assert torch.allclose(policy.score(pos, acc, torch.tensor(3.0)), torch.tensor([[[[1.0, 1.0]]]]))
+    with pytest.raises(ValueError, match=r"decay must be a number in \[0, 1\], got 1.5"):
+        make_mode("selective", decay=1.5)
+
+
 def test_protected_positions_survive_many_evictions(tiny_qwen2) -> None:
     with make_mode("selective", ratio=0.3, sinks=1, recent=1, floor=4).new_session(tiny_qwen2) as session:
         session.protect([[3, 5]])
@@ -89,8 +116,8 @@ def test_protected_positions_survive_many_evictions(tiny_qwen2) -> None:
 
 def test_recorded_scores_are_attention_probabilities(tiny_llama) -> None:
     """Each real query's probabilities sum to 1 per KV head, so after a prefill of q tokens the scores of a
-    head sum to q, and after one decode step to q + 1; padding queries count for nothing."""
-    with make_mode("selective", ratio=1.0).new_session(tiny_llama) as session:
+    head sum to q, and after one decode step to q + 1 (decay=1: plain sums); padding queries count for nothing."""
+    with make_mode("selective", ratio=1.0, decay=1.0).new_session(tiny_llama) as session:
         session.forward(torch.tensor([PROMPT]))
         for layer in session.cache.layers:
             assert torch.allclose(layer.score.sum(-1), torch.full((1, 2), float(len(PROMPT))))
@@ -128,6 +155,10 @@ def test_install_attention_is_idempotent_and_identical_to_sdpa() -> None:
 
 def test_couplet_protection_positions() -> None:
     # <bos> <L7> k1 k2 <sep> | upper at 5..11 | <mid> 12 | lower from 13
-    assert couplet_protection([2, 3], 5, 7, 0) == [2, 3, 5, 6, 7, 8, 9, 10, 11]
-    assert couplet_protection([2, 3], 5, 7, 3, ahead=False) == [2, 3, 7, 8, 9]
-    assert couplet_protection([], 5, 7, 6) == [10, 11]
+    assert couplet_protection([2, 3], 5, 7, 0, 0) == [2, 3]  # 上联's first character: the keywords
+    assert couplet_protection([2, 3], 5, 7, 0, 3) == [2, 3, 5, 6, 7]  # … and the 上联 written so far
+    assert couplet_protection([2, 3], 5, 7, 0, 3, upper_written=False) == [2, 3]
+    assert couplet_protection([2, 3], 5, 7, 1, 0) == [5, 6, 7, 8, 9, 10, 11]  # 下联: the 上联 left to mirror
+    assert couplet_protection([2, 3], 5, 7, 1, 0, keywords_in_lower=True) == [2, 3, 5, 6, 7, 8, 9, 10, 11]
+    assert couplet_protection([2, 3], 5, 7, 1, 3, ahead=False) == [7, 8, 9]
+    assert couplet_protection([], 5, 7, 1, 6) == [10, 11]

@@ -42,6 +42,7 @@ class ComboPolicy(Policy):
     sinks: int = 2
     recent: int = 2
     floor: int = 4
+    decay: float = 0.0
     # No full-precision residual by default: on the dev list residual=1 cost 0.183x of full's bytes and
     # residual=0 0.147x at the same quality (NLL delta +0.650 vs +0.652, rule pass 1.0), with a little
     # less work per step (1.27x -> 1.24x full's step time, CPU float32, one run each).
@@ -51,7 +52,8 @@ class ComboPolicy(Policy):
 
     def __post_init__(self) -> None:
         check_choice("bits", self.bits, (8, 4))
-        self.selection = SelectivePolicy(self.ratio, self.sinks, self.recent, self.floor, keep_prompt=True)
+        self.selection = SelectivePolicy(self.ratio, self.sinks, self.recent, self.floor, self.decay,
+                                         keep_prompt=True)
         storage_cls = Int8Policy if self.bits == 8 else Int4Policy
         self.storage: QuantizedPolicy = storage_cls(residual=self.residual, group_size=self.group_size)
         self.sharing_policy = SharedPolicy(self.block_size)

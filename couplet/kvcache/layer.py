@@ -40,10 +40,12 @@ def attention_layers(model: Any) -> int:
 class SlotMeta:
     """Bookkeeping per owned slot, for all layers at once (one op per step instead of one per layer):
     `pos` (layers, batch, kv_heads, slots) int32 logical positions, -1 for padding and filler; `score`
-    (same shape) float32 attention received so far, when the retention policy scores by attention."""
+    (same shape) float32 attention received so far, when the retention policy scores by attention, each
+    forward's attention added after the older sum is multiplied by `decay` (1.0: a plain sum, H2O; 0.0: only
+    the latest forward's, TOVA)."""
 
-    def __init__(self, num_layers: int, wants_scores: bool, enabled: bool = True) -> None:
-        self.num_layers, self.wants_scores, self.enabled = num_layers, wants_scores, enabled
+    def __init__(self, num_layers: int, wants_scores: bool, enabled: bool = True, decay: float = 1.0) -> None:
+        self.num_layers, self.wants_scores, self.enabled, self.decay = num_layers, wants_scores, enabled, decay
         self.pos: torch.Tensor | None = None
         self.score: torch.Tensor | None = None
         self.pending: torch.Tensor | None = None  # (batch, q) int32 positions of the tokens being fed
@@ -74,6 +76,8 @@ class SlotMeta:
         received, self.received = self.received, []
         if self.score is None or not received:
             return
+        if self.decay != 1.0:
+            self.score.mul_(self.decay)
         if [i for i, _ in received] == list(range(self.num_layers)):
             self.score += torch.stack([t for _, t in received])
         else:
@@ -214,9 +218,10 @@ class CompressedCache(Cache):
     """A transformers `Cache` of `CompressedLayer`s, one per model layer, sharing one `SlotMeta`."""
 
     def __init__(self, num_layers: int, make_store: Callable[[], Store], wants_scores: bool = False,
-                 track_positions: bool = True) -> None:
-        """`track_positions`: keep `SlotMeta` (needed by retention; modes that never evict skip it)."""
-        self.meta = SlotMeta(num_layers, wants_scores, enabled=track_positions or wants_scores)
+                 track_positions: bool = True, score_decay: float = 1.0) -> None:
+        """`track_positions`: keep `SlotMeta` (needed by retention; modes that never evict skip it);
+        `score_decay`: `SlotMeta.decay`."""
+        self.meta = SlotMeta(num_layers, wants_scores, enabled=track_positions or wants_scores, decay=score_decay)
         self.compressed = [CompressedLayer(make_store, self.meta, i) for i in range(num_layers)]
         super().__init__(layers=list(self.compressed))  # the same layer objects, typed for this package
 

@@ -113,7 +113,7 @@ def build_app() -> gr.Blocks:
     torch.set_num_threads(TORCH_THREADS)
     lm = model()
     label = year_label(DEFAULT_YEAR)
-    mode_choices = [(f"{mode_label(m)}｜{MODE_INFO[m].summary_zh}", m) for m in MODES]
+    mode_choices = [(f"{mode_label(m)}：{MODE_INFO[m].summary_zh}", m) for m in MODES]
     with gr.Blocks(title="开门见喜 · 春联生成终端") as demo:
         gr.HTML(f'<header id="masthead"><h1>开门见喜 · 春联生成终端</h1>'
                 f'<p class="on-red">{label} · 输入关键词，看小模型写春联，'

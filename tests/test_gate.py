@@ -218,7 +218,9 @@ def test_font_covers_the_model_vocabulary(font_chars):
 
 
 def test_font_covers_ui_text(font_chars):
-    han = re.compile(r"[\u4e00-\u9fff]")
+    # Han, CJK punctuation and fullwidth forms: only a CJK font has them, so a page without the shipped
+    # glyph shows a box (Latin punctuation such as – falls back to the browser's own fonts)
+    han = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
     files = [*ROOT.glob("couplet/**/*.py"), *ROOT.glob("app.py"), *ROOT.glob("assets/*.css")]
     missing = {c for f in files for c in han.findall(f.read_text(encoding="utf-8"))} - font_chars
     assert not missing, f"UI text {''.join(sorted(missing))} would render as boxes: run python scripts/subset_font.py"

@@ -9,7 +9,7 @@
                                                  # couplet_protection(...) computes them for a couplet
         logits = session.forward(next_ids)       # (batch, 1)
         stats = session.stats()                  # couplet.events.KVStats
-    policy.describe()                # "selective: ratio=0.5, sinks=2, recent=2, floor=4, keep_prompt=False"
+    policy.describe()  # "selective: ratio=0.5, sinks=0, recent=4, floor=4, decay=0.0, keep_prompt=False"
 
 Modes (see `MODES`, `MODE_INFO`): full, window, selective, int8, int4, shared, combo. Storage (`storage.py`,
 `quant.py`, `pool.py`) is apart from selection (`retention.py`); each mode is a small policy file.

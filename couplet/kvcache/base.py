@@ -15,7 +15,7 @@ class Policy:
     name: ClassVar[str]
 
     def describe(self) -> str:
-        """One-line summary of the knobs, for logs: `selective: ratio=0.5, sinks=2, recent=2, floor=4`."""
+        """One-line summary of the knobs, for logs: `selective: ratio=0.5, sinks=0, recent=4, floor=4, …`."""
         knobs = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))  # type: ignore[arg-type]
         return f"{self.name}: {knobs}" if knobs else f"{self.name}: no knobs"
 

@@ -158,20 +158,24 @@ class ModeSession:
     def stats(self) -> KVStats:
         """Totals over the session's rows (for batch 1: the request). `kv_bytes` counts every tensor held,
         padding and filler slots included; `shared_bytes` is this session's share of its pool blocks."""
-        rows = self.stats_per_row()
+        kv = self.cache.kv_nbytes() if self.batch else 0  # walks every layer's tensors: once per call
+        rows = self._row_stats(kv)
         return KVStats(
             logical_length=sum(r.logical_length for r in rows),
             stored_tokens=sum(r.stored_tokens for r in rows),
-            kv_bytes=self.cache.kv_nbytes() if self.batch else 0,
+            kv_bytes=kv,
             shared_bytes=sum(r.shared_bytes for r in rows),
             full_equivalent_bytes=sum(r.full_equivalent_bytes for r in rows),
         )
 
     def stats_per_row(self) -> list[KVStats]:
         """One `KVStats` per batch row; a row's `kv_bytes` is its slice of the batched tensors (total / batch)."""
+        return self._row_stats(self.cache.kv_nbytes() if self.batch else 0)
+
+    def _row_stats(self, kv_total: int) -> list[KVStats]:
         if not self.batch:
             return [KVStats(0, 0, 0, 0, 0)]
-        kv, tok = self.cache.kv_nbytes() // self.batch, self.cache.token_bytes()
+        kv, tok = kv_total // self.batch, self.cache.token_bytes()
         prefix = self._prefix_len()
         return [KVStats(logical_length=self.seen[r], stored_tokens=prefix + sum(self.valid[r]), kv_bytes=kv,
                         shared_bytes=round(sum(blk.nbytes / blk.refs for blk in self.blocks[r] if blk.refs)),

@@ -30,6 +30,12 @@ def check_int(name: str, value: object, low: int, high: int | None = None) -> No
         raise ValueError(f"{name} must be an integer {span}, got {value!r}")
 
 
+def check_number(name: str, value: object, low: float, high: float) -> None:
+    """Raise ValueError unless `value` is a number (int or float, not bool) in [low, high]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise ValueError(f"{name} must be a number in [{low:g}, {high:g}], got {value!r}")
+
+
 def check_ratio(value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) <= 1.0:
         raise ValueError(f"ratio must be a number in (0, 1] (the share of tokens kept; 1.0 keeps all), got {value!r}")

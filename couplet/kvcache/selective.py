@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import torch
 
 from couplet.kvcache.attention import install_attention
-from couplet.kvcache.base import Policy, check_int, check_ratio
+from couplet.kvcache.base import Policy, check_int, check_number, check_ratio
 from couplet.kvcache.layer import CompressedCache, attention_layers
 from couplet.kvcache.pool import PrefixPool
 from couplet.kvcache.retention import Retention
@@ -56,8 +56,7 @@ class SelectivePolicy(Retention, Policy):
         check_int("sinks", self.sinks, 0)
         check_int("recent", self.recent, 1)
         check_int("floor", self.floor, 1)
-        if isinstance(self.decay, bool) or not isinstance(self.decay, (int, float)) or not 0.0 <= self.decay <= 1.0:
-            raise ValueError(f"decay must be a number in [0, 1], got {self.decay!r}")
+        check_number("decay", self.decay, 0.0, 1.0)
         self.decay = float(self.decay)
         if not isinstance(self.keep_prompt, bool):
             raise ValueError(f"keep_prompt must be True or False, got {self.keep_prompt!r}")

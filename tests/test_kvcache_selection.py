@@ -157,7 +157,6 @@ def test_couplet_protection_positions() -> None:
     # <bos> <L7> k1 k2 <sep> | upper at 5..11 | <mid> 12 | lower from 13
     assert couplet_protection([2, 3], 5, 7, 0, 0) == [2, 3]  # 上联's first character: the keywords
     assert couplet_protection([2, 3], 5, 7, 0, 3) == [2, 3, 5, 6, 7]  # … and the 上联 written so far
-    assert couplet_protection([2, 3], 5, 7, 0, 3, upper_written=False) == [2, 3]
     assert couplet_protection([2, 3], 5, 7, 1, 0) == [5, 6, 7, 8, 9, 10, 11]  # 下联: the 上联 left to mirror
     assert couplet_protection([2, 3], 5, 7, 1, 0, keywords_in_lower=True) == [2, 3, 5, 6, 7, 8, 9, 10, 11]
     assert couplet_protection([2, 3], 5, 7, 1, 3, ahead=False) == [7, 8, 9]

@@ -79,13 +79,12 @@ class SelectivePolicy(Retention, Policy):
 
 
 def couplet_protection(keywords: Iterable[int], upper_start: int, upper_len: int, line: int, index: int,
-                       neighbours: int = 1, ahead: bool = True, keywords_in_lower: bool = False,
-                       upper_written: bool = True) -> list[int]:
+                       neighbours: int = 1, ahead: bool = True, keywords_in_lower: bool = False) -> list[int]:
     """Logical positions worth protecting while character `index` (0-based) of `line` (0 上联, 1 下联) is written.
 
     keywords: positions of the keyword tokens; upper_start: position of the first 上联 character;
     upper_len: characters per line.
-    - 上联: the keywords (the line must carry them) and, with `upper_written`, the 上联 written so far.
+    - 上联: the keywords (the line must carry them) and the 上联 written so far.
     - 下联: the aligned 上联 character ± `neighbours`; with `ahead`, every 上联 character still to be matched
       (evicted tokens never come back, so a character needed two steps later must survive this step's
       eviction); the keywords only with `keywords_in_lower` — by then the 上联 has used them, and on the dev
@@ -95,7 +94,7 @@ def couplet_protection(keywords: Iterable[int], upper_start: int, upper_len: int
     attention stay.
     """
     if line == 0:
-        return sorted({*keywords, *(range(upper_start, upper_start + index) if upper_written else ())})
+        return sorted({*keywords, *range(upper_start, upper_start + index)})
     first = max(index - neighbours, 0)
     last = upper_len - 1 if ahead else min(index + neighbours, upper_len - 1)
     return sorted({*(keywords if keywords_in_lower else ()), *range(upper_start + first, upper_start + last + 1)})

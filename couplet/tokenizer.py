@@ -3,19 +3,22 @@
 The tokenizer is a `tokenizers` WordLevel model with a split-every-character pre-tokenizer, wrapped in
 transformers' `PreTrainedTokenizerFast`, so it saves and loads through `AutoTokenizer` like any hub one.
 
-Sequence format (one couplet, one token per character)::
+Every couplet in a sequence is one *entry* (one token per character)::
 
-    <bos> <L7> 龙 精 <sep> 龙 马 … 客 <mid> 精 神 … 仙 <eos>
-          │    └ keywords, in order (0-8) ┘ └── upper (上联) ──┘      └── lower (下联) ─┘
-          └ length tag: <L5> or <L7>
+    <L7> 龙 精 <sep> 龙 马 … 客 <mid> 精 神 … 仙 <eos>
+    │    └ keywords (0-8) ┘ └── upper (上联) ──┘      └── lower (下联) ─┘
+    └ length tag: <L5> or <L7>
 
-The loss covers everything after <sep>: the two lines, <mid> and <eos>.
+A sequence is `<bos>`, then the context (entries: the house prefix, whose keywords are each couplet's
+横批, and the exemplars, with none), then the request: `<Ln> keywords <sep>`, which the model continues
+with the 上联, `<mid>`, the 下联 and `<eos>` (`couplet.prompt` lays the context out). Without context it is
+the original one-couplet format. Training puts loss on the body of every non-house entry.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -42,7 +45,7 @@ def build_tokenizer(char_counts: Counter[str], vocab_size: int,
         bos_token=BOS, eos_token=EOS, unk_token=UNK, pad_token=PAD, sep_token=SEP,
         additional_special_tokens=[MID, *LENGTH_TAGS.values()],
         padding_side="left",
-        model_max_length=64,
+        model_max_length=512,
     )
     return tok
 
@@ -79,18 +82,27 @@ def char_ids(tok: PreTrainedTokenizerBase, text: str) -> list[int]:
     return [vocab.get(c, unk) for c in text]
 
 
-def prompt_ids(tok: PreTrainedTokenizerBase, keywords: str, length: int) -> list[int]:
-    """`<bos> <Ln> keywords <sep>`: the shared prompt every couplet starts from."""
+def entry_ids(tok: PreTrainedTokenizerBase, keywords: str, upper: str, lower: str) -> list[int]:
+    """One context entry: `<Ln> keywords <sep> upper <mid> lower <eos>`."""
     f = FormatIds.of(tok)
-    return [f.bos, f.length[length], *char_ids(tok, keywords), f.sep]
+    return [f.length[len(upper)], *char_ids(tok, keywords), f.sep, *char_ids(tok, upper), f.mid,
+            *char_ids(tok, lower), f.eos]
 
 
-def upper_start(keywords: str) -> int:
-    """Index of the first 上联 token in `couplet_ids`: after `<bos> <Ln> keywords <sep>`."""
-    return len(keywords) + 3
-
-
-def couplet_ids(tok: PreTrainedTokenizerBase, keywords: str, upper: str, lower: str) -> list[int]:
-    """The whole training sequence for one pair."""
+def prompt_ids(tok: PreTrainedTokenizerBase, keywords: str, length: int, context: Sequence[int] = ()) -> list[int]:
+    """`<bos> context <Ln> keywords <sep>`: what the model continues with the 上联."""
     f = FormatIds.of(tok)
-    return [*prompt_ids(tok, keywords, len(upper)), *char_ids(tok, upper), f.mid, *char_ids(tok, lower), f.eos]
+    return [f.bos, *context, f.length[length], *char_ids(tok, keywords), f.sep]
+
+
+def upper_start(keywords: str, context_len: int = 0) -> int:
+    """Index of the first 上联 token in `couplet_ids`: after `<bos> context <Ln> keywords <sep>`."""
+    return context_len + len(keywords) + 3
+
+
+def couplet_ids(tok: PreTrainedTokenizerBase, keywords: str, upper: str, lower: str,
+                context: Sequence[int] = ()) -> list[int]:
+    """The whole sequence for one pair, after an optional context."""
+    f = FormatIds.of(tok)
+    return [*prompt_ids(tok, keywords, len(upper), context), *char_ids(tok, upper), f.mid,
+            *char_ids(tok, lower), f.eos]

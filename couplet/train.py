@@ -48,7 +48,7 @@ class ModelPreset:
             num_hidden_layers=self.num_hidden_layers,
             num_attention_heads=self.num_attention_heads,
             num_key_value_heads=self.num_key_value_heads,
-            max_position_embeddings=64,
+            max_position_embeddings=512,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
             tie_word_embeddings=True,
             pad_token_id=0, bos_token_id=2, eos_token_id=3,

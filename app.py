@@ -5,7 +5,8 @@
 
 The endpoint `couplet` (gradio_client: `Client(url).submit(..., api_name="/couplet")`) streams one update
 per decoding step: the gate HTML, the checks, two Plotly charts, the per-mode table, and a JSON list with
-one object per mode (the CLI's JSON fields).
+one object per mode (the CLI's JSON fields). `duixia` (对下联) takes a 上联 instead of keywords and streams
+the same outputs.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from couplet.calendar import DEFAULT_YEAR, MAX_YEAR, MIN_YEAR, year_label
 from couplet.charts import kv_figure, memory_figure
 from couplet.events import CoupletResult, StepRecord
+from couplet.exemplars import load_store
 from couplet.gate import ASSETS_DIR, FONT_PATH, gate_css, render_gate
 from couplet.generate import CoupletRequest, stream_modes
 from couplet.kvcache import MODE_INFO, MODES, PrefixPool
@@ -37,6 +39,7 @@ except ImportError:
         return fn
 
 EXAMPLES = ["龙马精神", "吉祥如意", "春风", "明月", "五福临门", "梅花", "平安", "国泰民安"]
+UPPER_EXAMPLES = ["春风送暖千家福", "瑞雪迎春到", "天增岁月人增寿", "万里江山添锦绣", "东风化雨山山翠"]
 QUEUE_SIZE = 64  # visitors waiting before the page says "busy"
 CONCURRENCY = 4  # requests decoding at once; each holds its own caches, the prefix pool is shared
 # Intra-op threads per torch call. Decoding one character of a 6M-parameter model is far too small to split
@@ -64,6 +67,18 @@ def _outputs(gate: str, checks: str, records: dict[str, list[StepRecord]], table
 def write_couplet(keywords: str, length: int, acrostic: bool, temperature: float, seed: float, year: float,
                   modes: list[str]) -> Iterator[tuple]:
     """Stream one couplet per selected mode, all on the same keywords and seed, step by step."""
+    yield from _stream(lambda t, s: CoupletRequest(keywords or "", int(length), bool(acrostic), t,
+                                                   1.0 if not t else 0.9, s), temperature, seed, year, modes)
+
+
+@gpu
+def write_duixia(upper: str, temperature: float, seed: float, year: float, modes: list[str]) -> Iterator[tuple]:
+    """对下联: the visitor's 上联, the model's 下联 and 横批; the same stream as `write_couplet`."""
+    yield from _stream(lambda t, s: CoupletRequest("", temperature=t, top_p=1.0 if not t else 0.9, seed=s,
+                                                   upper=upper or "", task="duixia"), temperature, seed, year, modes)
+
+
+def _stream(make_request, temperature: float, seed: float, year: float, modes: list[str]) -> Iterator[tuple]:
     notice = ""  # shown in the checks too: gr.Warning toasts do not reach API clients
     try:
         label = year_label(int(year if year is not None else DEFAULT_YEAR))
@@ -74,8 +89,7 @@ def write_couplet(keywords: str, length: int, acrostic: bool, temperature: float
     modes = [m for m in MODES if m in (modes or [])] or ["full"]
     shown = "full" if "full" in modes else modes[0]
     try:
-        request = CoupletRequest(keywords or "", int(length), bool(acrostic), float(temperature or 0.0),
-                                 1.0 if not temperature else 0.9, int(seed or 0))
+        request = make_request(float(temperature or 0.0), int(seed or 0))
         records: dict[str, list[StepRecord]] = {m: [] for m in modes}
         results: dict[str, CoupletResult] = {}
         for update in stream_modes(model(), request, modes, POOL):
@@ -86,8 +100,9 @@ def write_couplet(keywords: str, length: int, acrostic: bool, temperature: float
                     results[m] = progress.result
             p = update[shown]
             done = len(results) == len(modes)
+            length = len(p.upper) if request.task == "duixia" else request.length
             gate = render_gate(p.upper, p.lower, results[shown].hengpi if done else "", year_label=label,
-                               opened=done, pending=not done, length=request.length)
+                               opened=done, pending=not done, length=length)
             checks = checks_html(results[shown], notice) if done else checks_html(None, notice or "正在落笔……")
             # the table's time is each mode's own decoding: the modes run interleaved, so a result's wall
             # time (`seconds`) spans all of them
@@ -99,7 +114,7 @@ def write_couplet(keywords: str, length: int, acrostic: bool, temperature: float
         gr.Warning(str(e).split(" (")[0])
         yield _outputs(render_gate("", "", "", year_label=label, opened=False, message=str(e).split(" (")[0]),
                        checks_html(None, str(e)), {}, modes_table_html({}), [])
-    except ValueError as e:
+    except (ValueError, OverflowError) as e:
         gr.Warning("参数有误，请检查后重试。")
         yield _outputs(render_gate("", "", "", year_label=label, opened=False, message="参数有误，请检查后重试。"),
                        checks_html(None, f"参数有误：{e}"), {}, modes_table_html({}), [])
@@ -112,6 +127,7 @@ def versions() -> dict[str, str]:
 def build_app() -> gr.Blocks:
     torch.set_num_threads(TORCH_THREADS)
     lm = model()
+    load_store()  # the exemplar index (~5 s to build): at start-up, not on the first visitor's request
     label = year_label(DEFAULT_YEAR)
     mode_choices = [(f"{mode_label(m)}：{MODE_INFO[m].summary_zh}", m) for m in MODES]
     with gr.Blocks(title="开门见喜 · 春联生成终端") as demo:
@@ -120,11 +136,20 @@ def build_app() -> gr.Blocks:
                 "也看 KV 缓存压缩省下多少、又改变了什么</p></header>")
         with gr.Row(equal_height=False):
             with gr.Column(scale=2, min_width=300, elem_id="controls"):
-                keywords = gr.Textbox(label="关键词（1–8 个汉字）", value="龙马精神", max_lines=1, elem_id="keywords")
-                gr.Examples(EXAMPLES, inputs=keywords, label="试试这些", elem_id="examples")
-                with gr.Row():
-                    length = gr.Radio([7, 5], value=7, label="每联字数", elem_id="length")
-                    acrostic = gr.Checkbox(False, label="藏头（关键词交替作两联首字）", elem_id="acrostic")
+                with gr.Tabs(elem_id="tasks"):
+                    with gr.Tab("关键词写春联", elem_id="tab-keywords"):
+                        keywords = gr.Textbox(label="关键词（1–8 个汉字）", value="龙马精神", max_lines=1,
+                                              elem_id="keywords")
+                        gr.Examples(EXAMPLES, inputs=keywords, label="试试这些", elem_id="examples")
+                        with gr.Row():
+                            length = gr.Radio([7, 5], value=7, label="每联字数", elem_id="length")
+                            acrostic = gr.Checkbox(False, label="藏头（关键词交替作两联首字）", elem_id="acrostic")
+                        button = gr.Button("开门见喜", variant="primary", elem_id="open-btn")
+                    with gr.Tab("对下联", elem_id="tab-duixia"):
+                        upper = gr.Textbox(label="上联（5 或 7 个汉字）", value="春风送暖千家福", max_lines=1,
+                                           elem_id="upper")
+                        gr.Examples(UPPER_EXAMPLES, inputs=upper, label="试试这些上联", elem_id="upper-examples")
+                        duixia_button = gr.Button("对下联", variant="primary", elem_id="duixia-btn")
                 temperature = gr.Slider(0, 1.5, value=0, step=0.05, label="温度（0 为贪心）", elem_id="temperature")
                 with gr.Row():
                     seed = gr.Number(0, precision=0, label="随机种子", elem_id="seed")
@@ -133,7 +158,6 @@ def build_app() -> gr.Blocks:
                     year = gr.Number(DEFAULT_YEAR, precision=0, label=f"年份（{MIN_YEAR}–{MAX_YEAR}）", elem_id="year")
                 modes = gr.CheckboxGroup(mode_choices, value=list(MODES), label="KV 缓存模式（同一关键词、同一种子）",
                                          elem_id="modes")
-                button = gr.Button("开门见喜", variant="primary", elem_id="open-btn")
             with gr.Column(scale=3, min_width=340):
                 gate = gr.HTML(render_gate("", "", "", year_label=label, opened=False), elem_id="gate-box")
                 checks = gr.HTML(checks_html(None, "输入关键词，点「开门见喜」。"), elem_id="checks-box",
@@ -155,6 +179,11 @@ def build_app() -> gr.Blocks:
                      concurrency_id="couplet")
         keywords.submit(write_couplet, inputs, outputs, api_visibility="private", concurrency_limit=CONCURRENCY,
                         concurrency_id="couplet")
+        duixia_inputs = [upper, temperature, seed, year, modes]
+        duixia_button.click(write_duixia, duixia_inputs, outputs, api_name="duixia", concurrency_limit=CONCURRENCY,
+                            concurrency_id="couplet")
+        upper.submit(write_duixia, duixia_inputs, outputs, api_visibility="private", concurrency_limit=CONCURRENCY,
+                     concurrency_id="couplet")
     return demo
 
 

@@ -1,5 +1,6 @@
 """Command line: `python -m couplet 龙马精神 [--length 5|7] [--seed N] [--temperature T] [--top-p P]
-[--acrostic] [--mode NAME ...] [--set MODE.FIELD=VALUE ...] [--json]`.
+[--acrostic] [--mode NAME ...] [--set MODE.FIELD=VALUE ...] [--json]`, or 对下联:
+`python -m couplet --upper 春风送暖千家福` (a 5- or 7-character 上联; the 下联 and a 横批 are written).
 
 Bad input exits with status 2 and one line on stderr, never a traceback.
 """
@@ -21,7 +22,8 @@ MARK = {True: "✓", False: "✗"}
 
 @dataclass
 class CliConfig:
-    keywords: str
+    keywords: str | None = None
+    upper: str | None = None
     length: int = 7
     seed: int = 0
     temperature: float = 0.0
@@ -43,6 +45,7 @@ def format_text(result: CoupletResult, show_mode: bool) -> str:
         f"横批：{result.hengpi}",
         f"上联：{result.upper}",
         f"下联：{result.lower}",
+        *([f"参考古联：{'；'.join('，'.join(p) for p in result.exemplars)}"] if result.exemplars else []),
         f"检查：字数{MARK[c['length']['ok']]} 平仄{MARK[c['tones']['ok']]} 关键词{MARK[c['keywords']['ok']]} "
         f"同位不重{MARK[c['same_position']['ok']]} 对仗 {c['parallelism']['score']:.2f}",
         *[f"提示：{n}" for n in result.notes],
@@ -59,7 +62,8 @@ def main(cfg: CliConfig) -> int:
     unknown = [m for m in cfg.modes if m not in MODES]
     if unknown:
         raise ValueError(f"unknown mode {unknown[0]!r}; choose from {', '.join(MODES)}")
-    request = CoupletRequest(cfg.keywords, cfg.length, cfg.acrostic, cfg.temperature, cfg.top_p, cfg.seed)
+    request = CoupletRequest(cfg.keywords or "", cfg.length, cfg.acrostic, cfg.temperature, cfg.top_p, cfg.seed,
+                             upper=cfg.upper or "", task="couplet" if cfg.upper is None else "duixia")
     lm = load_model(cfg.model, cfg.device, cfg.dtype)
     pool = PrefixPool()
     results = [generate(lm, request, m, pool, **settings.get(m, {})) for m in cfg.modes]
@@ -73,7 +77,8 @@ def main(cfg: CliConfig) -> int:
 
 def parse_args(argv: list[str] | None = None) -> CliConfig:
     p = argparse.ArgumentParser(prog="python -m couplet", description="写一副春联 (write a Spring Festival couplet)")
-    p.add_argument("keywords", help="1-8 个汉字关键词，如 龙马精神")
+    p.add_argument("keywords", nargs="?", default=None, help="1-8 个汉字关键词，如 龙马精神")
+    p.add_argument("--upper", default=None, help="对下联：给出 5 或 7 字上联，如 春风送暖千家福")
     p.add_argument("--length", type=int, choices=(5, 7), default=7, help="每联字数 (default 7)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -89,6 +94,10 @@ def parse_args(argv: list[str] | None = None) -> CliConfig:
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"))
     args = vars(p.parse_args(argv))
     args["modes"] = args["modes"] or ["full"]
+    if args["keywords"] is None and args["upper"] is None:
+        p.error("give keywords (e.g. 龙马精神) or --upper 上联")
+    if args["keywords"] is not None and args["upper"] is not None:
+        p.error("give keywords or --upper, not both")
     return CliConfig(**args)
 
 

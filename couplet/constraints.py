@@ -1,26 +1,35 @@
-"""Constrained decoding: which characters may stand at a given position of a couplet.
+"""Constrained decoding: which characters may stand at a given position of a couplet, and the voice bias.
 
 Every step, the allowed set is: single Han characters of the vocabulary, minus characters already in
 the current line (no repeats inside a line), minus every 上联 character while 下联 is written (the
-lines do not share characters, which also rules out the same character at the same position), and at
-the last position only oblique-tone (仄) characters for 上联 and level-tone (平) ones for 下联.
-Keyword characters fixed by the placement bypass all of this.
+lines do not share characters, which also rules out the same character at the same position), minus
+taboo characters (`couplet.lexicon`), minus any character that would complete a run of 4 characters
+copied from a borrowed line (the house prefix and the exemplars the prompt showed), and at the last
+position only the line's end tone: oblique (仄) for 上联, level (平) for 下联 — or, for a given 上联 that
+ends on a level tone (对下联), the contrasting oblique one. Keyword characters (and a given 上联) are
+fixed by the placement and bypass all of this. `bias` adds the soft voice: a penalty on negation and
+melancholy, a bonus for auspicious characters.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Iterable
 from functools import lru_cache
 
 import torch
 
+from couplet.lexicon import AUSPICIOUS, DEFAULT_VOICE, SOMBER, TABOO, VoiceConfig
 from couplet.model import LoadedModel
 from couplet.placement import Placement
 from couplet.tones import LEVEL, OBLIQUE, tone_class
 
+COPY_RUN = 4  # a run of this many characters from a borrowed line is a copy
+
 
 @lru_cache(maxsize=4)
 def _masks(lm: LoadedModel) -> dict[str, torch.Tensor]:
-    """Boolean (vocab,) masks: Han characters, and Han characters of each tone class."""
+    """Boolean (vocab,) masks: Han characters, Han characters of each tone class, taboo characters."""
     size = len(lm.id_to_char)
     han = torch.zeros(size, dtype=torch.bool)
     han[lm.han_ids] = True
@@ -30,31 +39,62 @@ def _masks(lm: LoadedModel) -> dict[str, torch.Tensor]:
         tone = tone_class(lm.id_to_char[i])
         level[i] = tone == LEVEL
         oblique[i] = tone == OBLIQUE
-    return {"han": han, LEVEL: level, OBLIQUE: oblique}
+    taboo = torch.zeros(size, dtype=torch.bool)
+    taboo[[lm.vocab[c] for c in TABOO if c in lm.vocab]] = True
+    return {"han": han, LEVEL: level, OBLIQUE: oblique, "taboo": taboo}
+
+
+@lru_cache(maxsize=16)
+def voice_bias(lm: LoadedModel, voice: VoiceConfig) -> torch.Tensor | None:
+    """(vocab,) float32 added to the logits, or None when the voice adds nothing."""
+    if voice.somber == 0 and voice.auspicious == 0:
+        return None
+    bias = torch.zeros(len(lm.id_to_char))
+    bias[[lm.vocab[c] for c in SOMBER if c in lm.vocab]] = voice.somber
+    bias[[lm.vocab[c] for c in AUSPICIOUS if c in lm.vocab]] = voice.auspicious
+    return bias
+
+
+def copy_runs(borrowed: Iterable[str], run: int = COPY_RUN) -> dict[str, set[str]]:
+    """{the first run-1 characters of a borrowed run: the characters that would complete it}."""
+    nxt: dict[str, set[str]] = defaultdict(set)
+    for line in borrowed:
+        for i in range(len(line) - run + 1):
+            nxt[line[i : i + run - 1]].add(line[i + run - 1])
+    return dict(nxt)
 
 
 class LineConstraints:
     """The allowed-character mask for (line, position), given what has been written so far."""
 
-    def __init__(self, lm: LoadedModel, placement: Placement, length: int):
+    def __init__(self, lm: LoadedModel, placement: Placement, length: int, voice: VoiceConfig = DEFAULT_VOICE,
+                 borrowed: Iterable[str] = (), lower_end: str = LEVEL):
         self.lm = lm
         self.placement = placement
         self.length = length
         self.masks = _masks(lm)
+        self.voice = voice
+        self.bias = voice_bias(lm, voice)
+        self.copies = copy_runs(borrowed)
+        self.ends = (OBLIQUE, lower_end)
 
     def fixed(self, line: int, pos: int) -> str | None:
-        """A keyword character fixed at this position, if any."""
+        """A keyword (or given 上联) character fixed at this position, if any."""
         return self.placement.fixed(line).get(pos)
 
     def allowed(self, line: int, pos: int, lines: list[str]) -> torch.Tensor:
         allowed = self.masks["han"].clone()
         if pos == self.length - 1:
-            allowed &= self.masks[OBLIQUE if line == 0 else LEVEL]
+            allowed &= self.masks[self.ends[line]]
+        if self.voice.ban_taboo:
+            allowed &= ~self.masks["taboo"]
         banned = set(lines[line])
         if line == 1:
             banned |= set(lines[0])
         # keyword characters have their own fixed places; they never appear a second time
         banned |= set(self.placement.upper.values()) | set(self.placement.lower.values())
+        if pos >= COPY_RUN - 1:
+            banned |= self.copies.get(lines[line][pos - COPY_RUN + 1 : pos], set())
         vocab = self.lm.vocab
         ids = [vocab[c] for c in banned if c in vocab]
         if ids:

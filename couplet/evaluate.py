@@ -3,7 +3,13 @@ against `full` on the same greedy decode.
 
     python -m couplet.evaluate --keywords assets/dev_keywords.txt --json /tmp/eval.json
     python -m couplet.evaluate --keywords assets/dev_keywords.txt --modes all --sweep --plot /tmp/sweep.html
-    python -m couplet.evaluate --keywords FILE --pairs heldout.tsv     # adds nll_per_char, pairs_n
+    python -m couplet.evaluate --keywords FILE --pairs heldout.tsv     # adds the NLLs and the 对下联 figures
+    python -m couplet.evaluate --keywords FILE --pairs heldout.tsv --steer   # does the house prefix steer?
+    python -m couplet.evaluate --keywords FILE --somber 0 --auspicious 0 --no-taboo-ban   # the voice off
+
+The voice figures (`negation_rate`, `taboo_rate`, `gloom_rate`, `copy_rate`, `template_repeat`) are
+shares of the greedy couplets, counted on the characters the model chose (keywords aside); the lists are
+in `couplet.lexicon`, reported under `lexicon`.
 
 Ratios are against `full` at the same dtype; the dtype (bfloat16 by default, as on a GPU) is recorded.
 """
@@ -18,11 +24,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from couplet.constraints import COPY_RUN
 from couplet.events import CoupletResult
 from couplet.generate import CoupletRequest, decode, generate, prepare
 from couplet.kvcache import MODES, PrefixPool
+from couplet.lexicon import DEFAULT_VOICE, NEGATION, PLAIN_VOICE, TABOO, VoiceConfig, is_gloomy, lexicon_report
 from couplet.model import LoadedModel, load_model
 from couplet.options import parse_settings
+from couplet.prompt import DEFAULT_PROMPT, HOUSE_COUPLETS, HouseCouplet, PromptConfig
 from couplet.text import CoupletInputError
 
 # The budget knob each compressing mode is swept over for the quality-versus-compression plot.
@@ -52,6 +61,10 @@ class EvalConfig:
     sweep: bool = False
     plot: str | None = None
     limit: int | None = None
+    voice: VoiceConfig = DEFAULT_VOICE
+    prompt: PromptConfig = DEFAULT_PROMPT
+    steer: bool = False
+    duixia: int = 500  # held-out 上联 for the 对下联 figures (with --pairs)
 
 
 def read_lines(path: str) -> list[str]:
@@ -59,12 +72,106 @@ def read_lines(path: str) -> list[str]:
         return [s for s in (line.strip() for line in f) if s and not s.startswith("#")]
 
 
-def followed_nll(lm: LoadedModel, request: CoupletRequest, mode: str, pool: PrefixPool, upper: str, lower: str,
-                 options: dict[str, Any]) -> float:
+def followed_nll(lm: LoadedModel, cfg: EvalConfig, request: CoupletRequest, mode: str, pool: PrefixPool,
+                 upper: str, lower: str, options: dict[str, Any]) -> float:
     """Mean NLL per character of (upper, lower) teacher-forced through `mode`'s cache."""
-    logps = [p.logprob for p in decode(lm, prepare(lm, request), mode, pool, follow=(upper, lower), **options)
+    prep = prepare(lm, request, cfg.prompt, cfg.voice)
+    logps = [p.logprob for p in decode(lm, prep, mode, pool, follow=(upper, lower), **options)
              if p.logprob is not None]
     return -sum(logps) / len(logps)
+
+
+def chosen_text(r: CoupletResult) -> str:
+    """The characters the model chose: both lines minus the keywords (and minus a given 上联)."""
+    lines = r.lower if r.checks.get("given_upper") else r.upper + r.lower
+    return "".join(c for c in lines if c not in r.keywords)
+
+
+def _runs(line: str, keywords: str, n: int = COPY_RUN) -> set[str]:
+    """Runs of n characters of `line` that are not made of keyword characters only."""
+    return {line[i : i + n] for i in range(len(line) - n + 1) if any(c not in keywords for c in line[i : i + n])}
+
+
+def copies(r: CoupletResult, house: tuple[HouseCouplet, ...] = HOUSE_COUPLETS) -> bool:
+    """Does a line share a run of 4+ characters with a line the prompt showed (exemplar or house)?"""
+    borrowed = [line for pair in r.exemplars for line in pair] + [line for h in house for line in (h.upper, h.lower)]
+    grams = set().union(*(_runs(line, "") for line in borrowed)) if borrowed else set()
+    lines = (r.lower,) if r.checks.get("given_upper") else (r.upper, r.lower)
+    return any(_runs(line, r.keywords) & grams for line in lines)
+
+
+def template_repeat(results: list[CoupletResult]) -> float:
+    """Share of couplets sharing a run of 4+ characters with another phrase's couplet, keyword runs aside."""
+    runs = [_runs(r.upper, r.keywords) | _runs(r.lower, r.keywords) for r in results]
+    seen: dict[str, int] = {}
+    for grams in runs:
+        for g in grams:
+            seen[g] = seen.get(g, 0) + 1
+    return _mean(any(seen[g] > 1 for g in grams) for grams in runs)
+
+
+def voice_report(results: list[CoupletResult]) -> dict[str, float]:
+    """The festive-voice figures of a set of couplets (shares of couplets)."""
+    return {
+        "negation_rate": _mean(any(c in NEGATION for c in chosen_text(r)) for r in results),
+        "taboo_rate": _mean(any(c in TABOO for c in chosen_text(r)) for r in results),
+        "gloom_rate": _mean(is_gloomy(chosen_text(r)) for r in results),
+        "copy_rate": _mean(copies(r) for r in results),
+        "template_repeat": template_repeat(results),
+    }
+
+
+def context_report(lm: LoadedModel, pairs: list[tuple[str, str]]) -> dict[str, float]:
+    """Held-out NLL of 下联 given 上联 with retrieved exemplars, random ones, and no context."""
+    from couplet.scoring import CONTEXTS, context_nll
+
+    return {f"nll_{'with' if how == 'retrieved' else how}_context".replace("none", "without"):
+            context_nll(lm.model, lm.tokenizer, pairs, how) for how in CONTEXTS}
+
+
+def duixia_report(lm: LoadedModel, cfg: EvalConfig, uppers: list[str], pool: PrefixPool) -> dict[str, Any]:
+    """对下联 on held-out 上联: rule pass rate, parallelism, the voice figures, a few samples."""
+    results = [generate(lm, CoupletRequest("", upper=u, task="duixia"), "full", pool, cfg.prompt, cfg.voice)
+               for u in uppers]
+    return {"n": len(results), "rule_pass_rate": _mean(r.checks["passed"] for r in results),
+            "parallelism": _mean(r.checks["parallelism"]["score"] for r in results),
+            "upper_ends_level": _mean(r.checks["tones"]["upper_last"] == "平" for r in results),
+            **voice_report(results),
+            "failures": [f"{r.upper}/{r.lower}: {r.checks['failures']}"
+                         for r in results if not r.checks["passed"]][:10],
+            "samples": [f"{r.upper}，{r.lower}。（{r.hengpi}）" for r in results[:12]]}
+
+
+def sharing_report(lm: LoadedModel, cfg: EvalConfig, phrases: list[str], n: int = 20) -> dict[str, Any]:
+    """`shared` prefill cost of a second visitor: for consecutive phrases (A, B) on a fresh pool, the share of
+    B's prompt tokens B computes after A (other keywords), and after A again (the same keywords)."""
+    other, same = [], []
+    for a, b in zip(phrases[:n], phrases[1 : n + 1], strict=False):
+        for second, out in ((b, other), (a, same)):
+            pool = PrefixPool()
+            generate(lm, CoupletRequest(a, cfg.length), "shared", pool, cfg.prompt, cfg.voice)
+            step0 = generate(lm, CoupletRequest(second, cfg.length), "shared", pool, cfg.prompt, cfg.voice).steps[0]
+            out.append(step0.computed_tokens / step0.logical_length)
+    return {"pairs": len(other), "other_keywords_computed": _mean(other), "other_keywords_max": max(other),
+            "same_keywords_computed": _mean(same), "same_keywords_max": max(same)}
+
+
+def steer_report(lm: LoadedModel, cfg: EvalConfig, phrases: list[str], pairs: list[tuple[str, str]],
+                 pool: PrefixPool) -> dict[str, Any]:
+    """The festive house prefix against a prefix of random corpus couplets of the same shape (same count and
+    lengths, 4-character keywords), voice biases off: does the prefix alone move the voice?"""
+    import random
+
+    rng = random.Random(7)
+    by_len = {n: [p for p in pairs if len(p[0]) == n] for n in (5, 7)}
+    random_house = tuple(HouseCouplet(*rng.choice(by_len[len(h.upper)]), hengpi="".join(rng.sample(
+        rng.choice(by_len[7])[0], 4))) for h in HOUSE_COUPLETS)
+    out: dict[str, Any] = {"voice": "off (no taboo ban, no penalty, no bonus)"}
+    for name, house in (("festive_house", HOUSE_COUPLETS), ("random_corpus", random_house)):
+        prompt = PromptConfig(house=True, k=cfg.prompt.k, couplets=house)
+        results = [generate(lm, CoupletRequest(p, cfg.length), "full", pool, prompt, PLAIN_VOICE) for p in phrases]
+        out[name] = voice_report(results)
+    return out
 
 
 def base_report(lm: LoadedModel, cfg: EvalConfig, phrases: list[str], pool: PrefixPool) -> tuple[dict, dict]:
@@ -76,14 +183,14 @@ def base_report(lm: LoadedModel, cfg: EvalConfig, phrases: list[str], pool: Pref
     for phrase in phrases:
         try:
             t0 = time.perf_counter()
-            greedy[phrase] = generate(lm, CoupletRequest(phrase, cfg.length), "full", pool)
+            greedy[phrase] = generate(lm, CoupletRequest(phrase, cfg.length), "full", pool, cfg.prompt, cfg.voice)
             seconds.append(time.perf_counter() - t0)
         except CoupletInputError as e:
             errors[phrase] = str(e)
             continue
         outs = {(r.upper, r.lower) for r in (
             generate(lm, CoupletRequest(phrase, cfg.length, temperature=cfg.temperature, top_p=cfg.top_p, seed=s),
-                     "full", pool) for s in range(cfg.seeds))}
+                     "full", pool, cfg.prompt, cfg.voice) for s in range(cfg.seeds))}
         distinct += len(outs) >= 2
     results = list(greedy.values())
     wanted = sum(len(set(r.keywords)) for r in results)
@@ -95,6 +202,7 @@ def base_report(lm: LoadedModel, cfg: EvalConfig, phrases: list[str], pool: Pref
         "distinct_rate": distinct / len(results) if results else 0.0,
         "seconds_per_couplet": _mean(seconds),
         "parallelism": _mean(r.checks["parallelism"]["score"] for r in results),
+        **voice_report(results),
         "samples": [r.to_json(with_steps=False) for r in results],
     }
     if errors:
@@ -109,13 +217,13 @@ def mode_report(lm: LoadedModel, cfg: EvalConfig, mode: str, options: dict[str, 
     for phrase, ref in full.items():
         request = CoupletRequest(phrase, cfg.length)
         t0 = time.perf_counter()
-        r = generate(lm, request, mode, pool, **options)
+        r = generate(lm, request, mode, pool, cfg.prompt, cfg.voice, **options)
         seconds.append(time.perf_counter() - t0)
         peaks.append(r.peak_bytes)
         identical.append((r.upper, r.lower) == (ref.upper, ref.lower))
         passed.append(r.checks["passed"])
         par.append(r.checks["parallelism"]["score"])
-        deltas.append(followed_nll(lm, request, mode, pool, ref.upper, ref.lower, options) - full_nll[phrase])
+        deltas.append(followed_nll(lm, cfg, request, mode, pool, ref.upper, ref.lower, options) - full_nll[phrase])
     full_peak = statistics.fmean(f.peak_bytes for f in full.values())
     return {
         "options": options,
@@ -160,16 +268,28 @@ def main(cfg: EvalConfig) -> dict[str, Any]:
     pool = PrefixPool()
     report, full = base_report(lm, cfg, phrases, pool)
     report = {"dtype": cfg.dtype, "device": lm.device, "model": lm.source, **report}
+    report["lexicon"] = lexicon_report()
+    report["voice"] = cfg.voice.__dict__
+    report["prompt"] = {"house": cfg.prompt.house, "k": cfg.prompt.k}
     if cfg.pairs:
         from couplet.data import read_pairs
-        from couplet.scoring import lower_line_nll
 
         pairs = [(p.upper, p.lower) for p in read_pairs(cfg.pairs)]
-        report["nll_per_char"] = statistics.fmean(lower_line_nll(lm.model, lm.tokenizer, pairs))
+        report.update(context_report(lm, pairs))
+        report["nll_per_char"] = report["nll_without_context"]
         report["pairs_n"] = len(pairs)
+        print(f"nll: {json.dumps({k: v for k, v in report.items() if k.startswith('nll')})}", file=sys.stderr)
+        if cfg.duixia:
+            report["duixia"] = duixia_report(lm, cfg, [u for u, _ in pairs[: cfg.duixia]], pool)
+            print(f"duixia: rule pass {report['duixia']['rule_pass_rate']:.3f}", file=sys.stderr)
+        if cfg.steer:
+            report["steer"] = steer_report(lm, cfg, phrases, pairs, pool)
+    if "shared" in modes:
+        report["sharing"] = sharing_report(lm, cfg, phrases)
+        print(f"sharing: {json.dumps(report['sharing'])}", file=sys.stderr)
     compared = [m for m in modes if m != "full"]
     if compared or cfg.sweep:
-        full_nll = {p: followed_nll(lm, CoupletRequest(p, cfg.length), "full", pool, r.upper, r.lower, {})
+        full_nll = {p: followed_nll(lm, cfg, CoupletRequest(p, cfg.length), "full", pool, r.upper, r.lower, {})
                     for p, r in full.items()}
         report["modes"] = {"full": mode_report(lm, cfg, "full", {}, full, full_nll, pool)}
         for mode in compared:
@@ -211,8 +331,17 @@ def parse_args(argv: list[str] | None = None) -> EvalConfig:
     p.add_argument("--sweep", action="store_true", help="sweep each mode's budget (slow)")
     p.add_argument("--plot", default=None, help="HTML file for the quality-versus-compression plot")
     p.add_argument("--limit", type=int, default=None, help="first N phrases only")
+    p.add_argument("--somber", type=float, default=DEFAULT_VOICE.somber, help="logit penalty, negation/melancholy")
+    p.add_argument("--auspicious", type=float, default=DEFAULT_VOICE.auspicious, help="logit bonus, auspicious")
+    p.add_argument("--no-taboo-ban", dest="ban_taboo", action="store_false")
+    p.add_argument("--no-house", dest="house", action="store_false", help="no house prefix in the prompt")
+    p.add_argument("-k", dest="k", type=int, default=DEFAULT_PROMPT.k, help="exemplars in the prompt (0: none)")
+    p.add_argument("--steer", action="store_true", help="festive house prefix vs random corpus couplets (--pairs)")
+    p.add_argument("--duixia", type=int, default=500, help="held-out 上联 for 对下联 (with --pairs; 0: skip)")
     args = vars(p.parse_args(argv))
     args["modes"] = [m.strip() for m in args["modes"].split(",") if m.strip()]
+    args["voice"] = VoiceConfig(args.pop("ban_taboo"), args.pop("somber"), args.pop("auspicious"))
+    args["prompt"] = PromptConfig(args.pop("house"), args.pop("k"))
     return EvalConfig(**args)
 
 

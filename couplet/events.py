@@ -46,6 +46,7 @@ class StepRecord:
     device_allocated: int | None  # torch.cuda.memory_allocated(); None on CPU (no made-up VRAM)
     device_peak: int | None  # torch.cuda.max_memory_allocated(); None on CPU
     seconds: float  # wall time of this step
+    computed_tokens: int = 0  # tokens this step's forward computed (the prefill: the prompt less pool hits)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -64,6 +65,7 @@ class CoupletResult:
     steps: list[StepRecord] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    exemplars: list[list[str]] = field(default_factory=list)  # [上联, 下联] pairs the prompt showed (参考古联)
 
     @property
     def peak_bytes(self) -> int:
@@ -78,7 +80,7 @@ class CoupletResult:
             "keywords": self.keywords, "upper": self.upper, "lower": self.lower, "hengpi": self.hengpi,
             "mode": self.mode, "checks": self.checks, "notes": self.notes,
             "kv": {"peak_bytes": self.peak_bytes, "full_equivalent_bytes": self.full_equivalent_bytes},
-            "seconds": round(self.seconds, 4),
+            "seconds": round(self.seconds, 4), "exemplars": self.exemplars,
         }
         if with_steps:
             out["steps"] = [s.to_json() for s in self.steps]

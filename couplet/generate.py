@@ -5,8 +5,11 @@
     for progress in stream_modes(lm, request, ["full", "int4"]):   # modes advance in lockstep
         ...
 
-The decode loop writes 上联 character by character, feeds <mid>, then writes 下联. Every step applies
-the constraints (`couplet.constraints`) to the logits, then picks a character: greedy, or sampled with
+`prepare` lays out the prompt (`couplet.prompt`: the house prefix, the exemplars retrieved for the
+keywords — or for the 上联 in 对下联 — then the request). The decode loop writes 上联 character by
+character (对下联: feeds the given one), feeds <mid>, then writes 下联. Every step applies the constraints
+(`couplet.constraints`: form, tones, taboo ban, no run of 4 copied from the prompt) and the voice bias
+(`couplet.lexicon`) to the logits, then picks a character: greedy, or sampled with
 temperature / top-p from seeded Gumbel noise that depends only on (seed, step), so every mode sees the
 same noise and any difference between modes is the cache's doing.
 """
@@ -23,18 +26,24 @@ from couplet.constraints import LineConstraints
 from couplet.events import CoupletResult, StepRecord
 from couplet.hengpi import choose_hengpi
 from couplet.kvcache import PrefixPool, couplet_protection, make_mode
+from couplet.lexicon import DEFAULT_VOICE, VoiceConfig
 from couplet.model import LoadedModel
 from couplet.placement import Placement, place_keywords
+from couplet.prompt import DEFAULT_PROMPT, Context, PromptConfig, build_context
 from couplet.rules import check_couplet
-from couplet.text import Keywords, normalize_keywords
+from couplet.text import Keywords, normalize_keywords, normalize_upper
 from couplet.tokenizer import char_ids, prompt_ids
+from couplet.tones import LEVEL, OBLIQUE, tone_class
 
 LENGTHS = (5, 7)
+TASKS = ("couplet", "duixia")  # keywords → a couplet; a 上联 → its 下联 (对下联)
 
 
 @dataclass(frozen=True)
 class CoupletRequest:
-    """What a visitor asks for. `temperature == 0` means greedy."""
+    """What a visitor asks for: keywords, or (对下联, `task="duixia"`) a given 上联. `temperature == 0` means
+    greedy. For 对下联, `keywords` and `acrostic` are ignored and the line length is the 上联's.
+    """
 
     keywords: str
     length: int = 7
@@ -42,8 +51,12 @@ class CoupletRequest:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
+    upper: str = ""
+    task: str = "couplet"
 
     def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
         if self.length not in LENGTHS:
             raise ValueError(f"length must be one of {LENGTHS}, got {self.length}")
         if not 0.0 <= self.temperature <= 2.0:
@@ -54,19 +67,46 @@ class CoupletRequest:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A request after normalisation: keywords, their placement and the prompt ids."""
+    """A request after normalisation: keywords (or the given 上联), placement, context and prompt ids."""
 
     request: CoupletRequest
-    keywords: Keywords
+    keywords: Keywords  # the keywords; for 对下联 the 上联 itself (its normalisation notes)
     placement: Placement
+    context: Context
     prompt: list[int]
+    length: int
+    voice: VoiceConfig
+    lower_end: str = LEVEL  # the 下联's end tone: 平, or 仄 against a given 上联 that ends on 平
+    notes: tuple[str, ...] = ()
+
+    @property
+    def duixia(self) -> bool:
+        return self.request.task == "duixia"
+
+    @property
+    def keyword_text(self) -> str:
+        return "" if self.duixia else self.keywords.text
 
 
-def prepare(lm: LoadedModel, request: CoupletRequest) -> Prepared:
-    """Normalise the keywords (raises CoupletInputError for bad input) and lay out the prompt."""
+def prepare(lm: LoadedModel, request: CoupletRequest, prompt: PromptConfig = DEFAULT_PROMPT,
+            voice: VoiceConfig = DEFAULT_VOICE) -> Prepared:
+    """Normalise the input (raises CoupletInputError for bad input) and lay out the prompt."""
+    if request.task == "duixia":
+        given = normalize_upper(request.upper, lm.vocab)
+        length, notes, lower_end = len(given.text), list(given.notes), LEVEL
+        if tone_class(given.text[-1]) == LEVEL:
+            lower_end = OBLIQUE
+            notes.append(f"上联末字「{given.text[-1]}」为平声；春联惯例上联仄声收尾、下联平声收尾，"
+                         "此联或宜作下联。已按平仄相对，以仄声字收尾对出下联。")
+        placement = Placement(dict(enumerate(given.text)), {})
+        context = build_context(lm.tokenizer, given.text, length, prompt)
+        ids = prompt_ids(lm.tokenizer, "", length, context.ids)
+        return Prepared(request, given, placement, context, ids, length, voice, lower_end, tuple(notes))
     kw = normalize_keywords(request.keywords, lm.vocab)
     placement = place_keywords(kw.text, request.length, "acrostic" if request.acrostic else "heads")
-    return Prepared(request, kw, placement, prompt_ids(lm.tokenizer, kw.text, request.length))
+    context = build_context(lm.tokenizer, kw.text, request.length, prompt)
+    ids = prompt_ids(lm.tokenizer, kw.text, request.length, context.ids)
+    return Prepared(request, kw, placement, context, ids, request.length, voice, LEVEL, tuple(kw.notes))
 
 
 @dataclass
@@ -88,9 +128,13 @@ def step_noise(seed: int, step: int, vocab_size: int) -> torch.Tensor:
     return -torch.log(-torch.log(uniform))
 
 
-def sample(logits: torch.Tensor, allowed: torch.Tensor, request: CoupletRequest, step: int) -> int:
-    """Pick one token id from (vocab,) logits restricted to `allowed` (bool, vocab)."""
-    scores = logits.float().cpu().masked_fill(~allowed, float("-inf"))
+def sample(logits: torch.Tensor, allowed: torch.Tensor, request: CoupletRequest, step: int,
+           bias: torch.Tensor | None = None) -> int:
+    """Pick one token id from (vocab,) logits plus the voice `bias`, restricted to `allowed` (bool, vocab)."""
+    scores = logits.float().cpu()
+    if bias is not None:
+        scores = scores + bias
+    scores = scores.masked_fill(~allowed, float("-inf"))
     if request.temperature == 0.0:
         return int(scores.argmax())
     scores = scores / request.temperature
@@ -116,20 +160,21 @@ def decode(lm: LoadedModel, prep: Prepared, mode: str, pool: PrefixPool | None =
     With `follow=(upper, lower)` the loop is teacher-forced along that couplet instead of choosing, and
     each Progress carries the model's log-probability of the followed character (for NLL deltas).
     """
-    request, length = prep.request, prep.request.length
+    request, length = prep.request, prep.length
     policy = make_mode(mode, **mode_options)
-    constraints = LineConstraints(lm, prep.placement, length)
-    keyword_positions = list(range(2, 2 + len(prep.keywords.text)))
+    constraints = LineConstraints(lm, prep.placement, length, prep.voice, prep.context.borrowed, prep.lower_end)
+    # <bos>, the context, <Ln>, then the keywords
+    keyword_positions = list(range(len(prep.context.ids) + 2, len(prep.context.ids) + 2 + len(prep.keyword_text)))
     upper_start = len(prep.prompt)
     lines = ["", ""]
     records: list[StepRecord] = []
     t_start = time.perf_counter()
 
-    def record(step: int, token: str, t0: float) -> StepRecord:
+    def record(step: int, token: str, t0: float, computed: int) -> StepRecord:
         s = session.stats()
         alloc, peak = _device_memory(lm.device)
         rec = StepRecord(mode, step, token, s.logical_length, s.stored_tokens, s.kv_bytes, s.shared_bytes,
-                         s.full_equivalent_bytes, alloc, peak, time.perf_counter() - t0)
+                         s.full_equivalent_bytes, alloc, peak, time.perf_counter() - t0, computed)
         records.append(rec)
         return rec
 
@@ -138,8 +183,10 @@ def decode(lm: LoadedModel, prep: Prepared, mode: str, pool: PrefixPool | None =
         # share of this whole length (a fixed per-request cap), not of the tokens seen so far
         session.expect([len(prep.prompt) + 2 * length])
         t0 = time.perf_counter()
-        logits = session.forward(torch.tensor([prep.prompt], device=lm.device))[0, -1]
-        yield Progress(mode, "", "", record(0, "", t0))
+        out = session.forward(torch.tensor([prep.prompt], device=lm.device))
+        logits = out[0, -1]
+        # a prefix-pool hit returns only the positions computed: what the prefill cost this request
+        yield Progress(mode, "", "", record(0, "", t0, out.shape[1]))
         step = 0
         for line in (0, 1):
             for pos in range(length):
@@ -153,7 +200,7 @@ def decode(lm: LoadedModel, prep: Prepared, mode: str, pool: PrefixPool | None =
                     logprob = float(torch.log_softmax(logits.float(), dim=-1)[token])
                 elif char is None:
                     allowed = constraints.allowed(line, pos, lines)
-                    char = lm.id_to_char[sample(logits, allowed, request, step)]
+                    char = lm.id_to_char[sample(logits, allowed, request, step, constraints.bias)]
                 lines[line] += char
                 last = line == 1 and pos == length - 1
                 if not last:
@@ -165,21 +212,24 @@ def decode(lm: LoadedModel, prep: Prepared, mode: str, pool: PrefixPool | None =
                     if line == 0 and pos == length - 1:
                         feed.append(lm.ids.mid)  # the line break rides along with the last 上联 character
                     logits = session.forward(torch.tensor([feed], device=lm.device))[0, -1]
-                yield Progress(mode, lines[0], lines[1], record(step, char, t0), logprob=logprob)
+                yield Progress(mode, lines[0], lines[1], record(step, char, t0, 0 if last else len(feed)),
+                               logprob=logprob)
         hengpi = choose_hengpi(lm, lines[0], lines[1])
-        checks = check_couplet(lines[0], lines[1], hengpi, prep.keywords.text)
-        result = CoupletResult(prep.keywords.text, lines[0], lines[1], hengpi, mode, checks, records,
-                               list(prep.keywords.notes), time.perf_counter() - t_start)
+        checks = check_couplet(lines[0], lines[1], hengpi, prep.keyword_text, given_upper=prep.duixia)
+        result = CoupletResult(prep.keyword_text, lines[0], lines[1], hengpi, mode, checks, records,
+                               list(prep.notes), time.perf_counter() - t_start,
+                               exemplars=[list(p) for p in prep.context.exemplars])
     yield Progress(mode, lines[0], lines[1], records[-1], result)
 
 
 def stream_modes(lm: LoadedModel, request: CoupletRequest, modes: Sequence[str],
-                 pool: PrefixPool | None = None) -> Iterator[dict[str, Progress]]:
+                 pool: PrefixPool | None = None, prompt: PromptConfig = DEFAULT_PROMPT,
+                 voice: VoiceConfig = DEFAULT_VOICE) -> Iterator[dict[str, Progress]]:
     """Run several modes on the same request and seed, advancing them one step at a time together.
 
     Yields a dict {mode: latest Progress} after every round; the last one has `result` set for all.
     """
-    prep = prepare(lm, request)
+    prep = prepare(lm, request, prompt, voice)
     runs = {m: decode(lm, prep, m, pool) for m in modes}
     latest: dict[str, Progress] = {}
     while runs:
@@ -193,8 +243,9 @@ def stream_modes(lm: LoadedModel, request: CoupletRequest, modes: Sequence[str],
 
 
 def generate(lm: LoadedModel, request: CoupletRequest, mode: str = "full", pool: PrefixPool | None = None,
+             prompt: PromptConfig = DEFAULT_PROMPT, voice: VoiceConfig = DEFAULT_VOICE,
              **mode_options) -> CoupletResult:
     """The finished couplet for one mode."""
-    *_, last = decode(lm, prepare(lm, request), mode, pool, **mode_options)
+    *_, last = decode(lm, prepare(lm, request, prompt, voice), mode, pool, **mode_options)
     assert last.result is not None
     return last.result

@@ -58,8 +58,13 @@ def parallelism(upper: str, lower: str) -> dict[str, Any]:
             "class_match": None if class_score is None else round(class_score, 4), "pairs": notes}
 
 
-def check_couplet(upper: str, lower: str, hengpi: str = "", keywords: str = "") -> dict[str, Any]:
-    """All checks, each with `ok` and a Chinese `message`; `passed` is the conjunction of hard rules."""
+def check_couplet(upper: str, lower: str, hengpi: str = "", keywords: str = "",
+                  given_upper: bool = False) -> dict[str, Any]:
+    """All checks, each with `ok` and a Chinese `message`; `passed` is the conjunction of hard rules.
+
+    `given_upper` (对下联): the 上联 is the visitor's; its end tone is theirs, so the tone rule asks only that
+    the 下联 end on the contrasting tone (平 after 仄, the convention; 仄 after a 平 ending, said so).
+    """
     checks: dict[str, Any] = {}
     length_ok = len(upper) == len(lower) and len(upper) in (5, 7)
     checks["length"] = {"ok": length_ok, "message": f"上下联各 {len(upper)} 字" if length_ok else
@@ -70,8 +75,13 @@ def check_couplet(upper: str, lower: str, hengpi: str = "", keywords: str = "") 
     up_tone = tone_class(upper[-1]) if upper else None
     low_tone = tone_class(lower[-1]) if lower else None
     tones_ok = up_tone == OBLIQUE and low_tone == LEVEL
+    message = "上联仄声收尾，下联平声收尾"
+    if given_upper and up_tone == LEVEL and low_tone == OBLIQUE:
+        tones_ok, message = True, "上联平声收尾（不合上仄下平之惯例），下联以仄声相对"
+    elif given_upper and up_tone is None and low_tone == LEVEL:
+        tones_ok, message = True, "上联末字为轻声，下联平声收尾"
     checks["tones"] = {"ok": tones_ok, "upper_last": up_tone, "lower_last": low_tone,
-                       "message": "上联仄声收尾，下联平声收尾" if tones_ok else
+                       "message": message if tones_ok else
                        f"平仄不合：上联末字「{upper[-1:]}」为{up_tone or '轻声'}，下联末字「{lower[-1:]}」为"
                        f"{low_tone or '轻声'}（应上仄下平）"}
     text = upper + lower + hengpi
@@ -88,6 +98,7 @@ def check_couplet(upper: str, lower: str, hengpi: str = "", keywords: str = "") 
                              + (f"，词类相对 {par['class_match']:.2f}" if par["class_match"] is not None else "")
                              + "）"}
     hard = ("length", "han_only", "tones", "keywords", "same_position")
+    checks["given_upper"] = given_upper
     checks["passed"] = all(checks[k]["ok"] for k in hard)
     checks["failures"] = [checks[k]["message"] for k in hard if not checks[k]["ok"]]
     return checks

@@ -41,11 +41,8 @@ class Keywords:
     unknown: list[str] = field(default_factory=list)  # characters outside the model's vocabulary
 
 
-def normalize_keywords(raw: str, vocab: set[str] | dict[str, int] | None = None) -> Keywords:
-    """Fold, convert and filter `raw`; raise CoupletInputError when nothing usable is left."""
-    if raw is None or not str(raw).strip():
-        raise CoupletInputError(
-            "请输入 1–8 个汉字作为关键词，例如「龙马精神」。 (Please enter 1-8 Chinese characters.)")
+def _fold(raw: str) -> tuple[str, list[str]]:
+    """NFKC, traditional → simplified, non-Han characters dropped: (Han text, notes for the visitor)."""
     folded = unicodedata.normalize("NFKC", str(raw))
     simplified = _t2s().convert(folded)
     notes: list[str] = []
@@ -56,6 +53,19 @@ def normalize_keywords(raw: str, vocab: set[str] | dict[str, int] | None = None)
     dropped = "".join(dict.fromkeys(ch for ch in simplified if not is_han(ch) and not ch.isspace()))
     if dropped:
         notes.append(f"已忽略非汉字字符：{dropped}")
+    return han, notes
+
+
+def _unknown_note(han: str, vocab: set[str] | dict[str, int] | None) -> list[str]:
+    return [ch for ch in dict.fromkeys(han) if vocab is not None and ch not in vocab]
+
+
+def normalize_keywords(raw: str, vocab: set[str] | dict[str, int] | None = None) -> Keywords:
+    """Fold, convert and filter `raw`; raise CoupletInputError when nothing usable is left."""
+    if raw is None or not str(raw).strip():
+        raise CoupletInputError(
+            "请输入 1–8 个汉字作为关键词，例如「龙马精神」。 (Please enter 1-8 Chinese characters.)")
+    han, notes = _fold(raw)
     if not han:
         raise CoupletInputError(
             "关键词里没有汉字，请输入 1–8 个汉字，例如「吉祥如意」。 (No Chinese characters in the keywords.)")
@@ -63,7 +73,29 @@ def normalize_keywords(raw: str, vocab: set[str] | dict[str, int] | None = None)
         raise CoupletInputError(
             f"关键词最多 {MAX_KEYWORDS} 个汉字，您输入了 {len(han)} 个，请精简。 "
             f"(At most {MAX_KEYWORDS} characters; got {len(han)}.)")
-    unknown = [ch for ch in dict.fromkeys(han) if vocab is not None and ch not in vocab]
+    unknown = _unknown_note(han, vocab)
     if unknown:
         notes.append(f"模型字表中没有「{''.join(unknown)}」，仍按原字嵌入联中，但模型只能凭上下文续写。")
+    return Keywords(han, notes, unknown)
+
+
+UPPER_LENGTHS = (5, 7)
+
+
+def normalize_upper(raw: str, vocab: set[str] | dict[str, int] | None = None) -> Keywords:
+    """A 上联 for 对下联: 5 or 7 Han characters after folding; raise CoupletInputError otherwise."""
+    if raw is None or not str(raw).strip():
+        raise CoupletInputError(
+            "请输入一句 5 字或 7 字的上联，例如「春风送暖千家福」。 (Please enter a 5- or 7-character line.)")
+    han, notes = _fold(raw)
+    if not han:
+        raise CoupletInputError(
+            "上联里没有汉字，请输入 5 字或 7 字的上联，例如「春风送暖千家福」。 (No Chinese characters.)")
+    if len(han) not in UPPER_LENGTHS:
+        raise CoupletInputError(
+            f"上联须为 5 字或 7 字，您输入了 {len(han)} 个汉字。 "
+            f"(The line must have 5 or 7 characters; got {len(han)}.)")
+    unknown = _unknown_note(han, vocab)
+    if unknown:
+        notes.append(f"模型字表中没有「{''.join(unknown)}」，模型只能凭上下文对出下联。")
     return Keywords(han, notes, unknown)

@@ -40,7 +40,17 @@ def checks_html(result: CoupletResult | None, message: str = "") -> str:
         items += f'<li class="score"><b>对仗</b> {escape(par["message"])}</li>'
         parts.append(f'<ul class="checks">{items}</ul>')
         parts += [f'<p class="check-note">{escape(n)}</p>' for n in result.notes]
+        parts.append(exemplars_html(result.exemplars))
     return f'<div id="checks">{"".join(parts)}</div>'
+
+
+def exemplars_html(exemplars: list[list[str]]) -> str:
+    """The exemplars the prompt showed the model, folded by default (参考古联)."""
+    if not exemplars:
+        return ""
+    items = "".join(f"<li>{escape(u)}，{escape(lo)}。</li>" for u, lo in exemplars)
+    return (f'<details class="exemplars"><summary>参考古联（提示中给模型看的 {len(exemplars)} 副古人对句，'
+            f"新联不照抄其中任何四字）</summary><ol>{items}</ol></details>")
 
 
 def highlight_diff(text: str, reference: str) -> str:

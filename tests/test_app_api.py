@@ -232,3 +232,38 @@ def test_static_route_serves_the_font_and_nothing_outside_assets(live_app):
     assert get(f"{ASSETS_DIR}/../app.py").status_code != 200
     assert get(quote(f"{ASSETS_DIR}/../app.py", safe="")).status_code != 200
     assert get(str(ASSETS_DIR).replace("/assets", "/assets%2F..") + "/app.py").status_code != 200
+
+
+def duixia(client: Client, upper: str, temperature: float = 0.0, seed: int = 0,
+           modes: list[str] | None = None) -> tuple:
+    """`/duixia`: upper, temperature, seed, year, modes."""
+    return client.predict(upper, temperature, seed, DEFAULT_YEAR, list(modes or ["full"]), api_name="/duixia")
+
+
+def test_duixia_writes_the_lower_line_with_every_mode(client):
+    out = duixia(client, "春回大地千山秀", modes=ALL_MODES)
+    results = out[RESULTS]
+    assert [r["mode"] for r in results] == ALL_MODES
+    for r in results:
+        assert r["upper"] == "春回大地千山秀" and len(r["lower"]) == 7 and all(is_han(c) for c in r["lower"])
+        assert r["checks"]["passed"], r["checks"]["failures"]
+        assert not set(r["lower"]) & set(r["upper"])
+    assert gate_state(out[GATE]) == "open"
+    upper, lower, _ = gate_lines(out[GATE])
+    assert (upper, lower) == (results[0]["upper"], results[0]["lower"])
+    assert set(plot_traces(out[KV_PLOT])) == set(ALL_MODES)
+    # the exemplars the prompt showed, folded under the checks, and never copied
+    assert '<details class="exemplars">' in out[CHECKS] and "参考古联" in out[CHECKS]
+    for u, lo in results[0]["exemplars"]:
+        assert f"{u}，{lo}。" in _text(out[CHECKS])
+
+
+@pytest.mark.parametrize("upper,message", [
+    ("", "请输入一句 5 字或 7 字的上联"),
+    ("春风", "上联须为 5 字或 7 字"),
+    ("spring", "上联里没有汉字"),
+], ids=["empty", "two-characters", "latin"])
+def test_duixia_bad_upper_gives_a_chinese_message(client, upper, message):
+    out = duixia(client, upper)
+    assert out[RESULTS] == [] and gate_state(out[GATE]) == "closed"
+    assert message in gate_message(out[GATE]) and message in _text(out[CHECKS])

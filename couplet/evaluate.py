@@ -131,9 +131,14 @@ def context_report(lm: LoadedModel, pairs: list[tuple[str, str]]) -> dict[str, f
 
 def duixia_report(lm: LoadedModel, cfg: EvalConfig, uppers: list[str], pool: PrefixPool) -> dict[str, Any]:
     """对下联 on held-out 上联: rule pass rate, parallelism, the voice figures, a few samples."""
-    results = [generate(lm, CoupletRequest("", upper=u, task="duixia"), "full", pool, cfg.prompt, cfg.voice)
-               for u in uppers]
-    return {"n": len(results), "rule_pass_rate": _mean(r.checks["passed"] for r in results),
+    results, refused = [], 0
+    for u in uppers:
+        try:
+            results.append(generate(lm, CoupletRequest("", upper=u, task="duixia"), "full", pool, cfg.prompt,
+                                    cfg.voice))
+        except CoupletInputError:  # e.g. a character outside the Han blocks we accept: refused, as for a visitor
+            refused += 1
+    return {"n": len(results), "refused": refused, "rule_pass_rate": _mean(r.checks["passed"] for r in results),
             "parallelism": _mean(r.checks["parallelism"]["score"] for r in results),
             "upper_ends_level": _mean(r.checks["tones"]["upper_last"] == "平" for r in results),
             **voice_report(results),
@@ -145,7 +150,8 @@ def duixia_report(lm: LoadedModel, cfg: EvalConfig, uppers: list[str], pool: Pre
 def sharing_report(lm: LoadedModel, cfg: EvalConfig, phrases: list[str], n: int = 20) -> dict[str, Any]:
     """`shared` prefill cost of a second visitor: for consecutive phrases (A, B) on a fresh pool, the share of
     B's prompt tokens B computes after A (other keywords), and after A again (the same keywords)."""
-    other, same = [], []
+    other: list[float] = []
+    same: list[float] = []
     for a, b in zip(phrases[:n], phrases[1 : n + 1], strict=False):
         for second, out in ((b, other), (a, same)):
             pool = PrefixPool()
@@ -285,7 +291,7 @@ def main(cfg: EvalConfig) -> dict[str, Any]:
         if cfg.steer:
             report["steer"] = steer_report(lm, cfg, phrases, pairs, pool)
     if "shared" in modes:
-        report["sharing"] = sharing_report(lm, cfg, phrases)
+        report["sharing"] = sharing_report(lm, cfg, list(full))  # the phrases that are valid input
         print(f"sharing: {json.dumps(report['sharing'])}", file=sys.stderr)
     compared = [m for m in modes if m != "full"]
     if compared or cfg.sweep:

@@ -133,7 +133,8 @@ class ContextSampler:
             if r < cfg.p_bare + cfg.p_house:
                 add(self.house, False)
             else:
-                for p in rng.sample(self.by_style[style_of(pair.upper + pair.lower)], rng.randint(4, 12)):
+                bucket = self.by_style[style_of(pair.upper + pair.lower)]
+                for p in rng.sample(bucket, min(len(bucket), rng.randint(4, 12))):
                     add(entry_ids(self.tok, "", p.upper, p.lower), True)
         duixia = rng.random() < cfg.p_duixia
         keywords = "" if duixia else sample_keywords(pair, rng)
@@ -175,7 +176,8 @@ def main(cfg: ContextTrainConfig) -> dict:
     tok.model_max_length = 512
     model = AutoModelForCausalLM.from_pretrained(cfg.init, dtype=torch.float32)
     model.config.max_position_embeddings = 512
-    pairs, heldout = [], []
+    pairs: list[Pair] = []
+    heldout: list[Pair] = []
     for i, p in enumerate(read_pairs(cfg.data)):
         if cfg.limit_rows and i >= cfg.limit_rows:
             break
@@ -256,7 +258,7 @@ def main(cfg: ContextTrainConfig) -> dict:
         if elapsed - last_eval >= cfg.eval_every_min * 60 and elapsed < budget:
             last_eval = elapsed
             evaluate()
-            save(model, tok, Path(cfg.out), {"stage": 2, "history": history})
+            save(model, tok, Path(cfg.out), {"stage": 2, "history": history})  # type: ignore[arg-type]
         if elapsed - last_save >= cfg.save_every_min * 60:
             last_save = elapsed
             checkpoint()
@@ -266,7 +268,7 @@ def main(cfg: ContextTrainConfig) -> dict:
              "train_minutes": round(elapsed / 60, 1),
              "tokens_seen": tokens_seen, "groups": sampler.counts, "history": history, "final": final,
              "data_source": "chinese-poetry/chinese-poetry (MIT), Tang and Song poems"}
-    save(model, tok, Path(cfg.out), stats)
+    save(model, tok, Path(cfg.out), stats)  # type: ignore[arg-type]
     print(f"done: {json.dumps(final)} -> {cfg.out}", file=sys.stderr, flush=True)
     return stats
 

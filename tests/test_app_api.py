@@ -251,7 +251,7 @@ def test_duixia_writes_the_lower_line_with_every_mode(client):
     assert gate_state(out[GATE]) == "open"
     upper, lower, _ = gate_lines(out[GATE])
     assert (upper, lower) == (results[0]["upper"], results[0]["lower"])
-    assert set(plot_traces(out[KV_PLOT])) == set(ALL_MODES)
+    assert set(plot_traces(out[KV_PLOT])) == {*ALL_MODES, "full-equivalent"}
     # the exemplars the prompt showed, folded under the checks, and never copied
     assert '<details class="exemplars">' in out[CHECKS] and "参考古联" in out[CHECKS]
     for u, lo in results[0]["exemplars"]:

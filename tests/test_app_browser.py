@@ -143,24 +143,3 @@ def test_bad_keywords_leave_a_message_and_the_page_usable(page):
     write(page, "春风", selected, enter=True)  # Enter in the box writes too
     assert door_text(page, "right").startswith("春") and door_text(page, "left").startswith("风")
 
-
-def test_duixia_tab_writes_the_lower_line_and_folds_the_exemplars(page):
-    page.get_by_role("tab", name="对下联").click()
-    box = page.locator("#upper").locator("input, textarea").first
-    box.fill("春回大地千山秀")
-    selected = page.locator("#modes input[type=checkbox]:checked").count()
-    page.click("#duixia-btn")
-    page.wait_for_function(
-        """([u, n]) => document.querySelector('#gate')?.dataset.state === 'open'
-              && document.querySelector('#gate .door-right .couplet-line')?.innerText.trim() === u
-              && document.querySelectorAll('#modes-table tr[data-mode]').length === n""",
-        arg=["春回大地千山秀", selected])
-    lower = door_text(page, "left")
-    assert len(lower) == 7 and not set(lower) & set("春回大地千山秀")
-    details = page.locator("#checks details.exemplars")
-    assert details.count() == 1 and details.get_attribute("open") is None  # folded by default
-    details.locator("summary").click()
-    assert details.locator("li").count() == 6 and details.locator("li").first.is_visible()
-    page.get_by_role("tab", name="关键词写春联").click()  # back to keywords: the first tab still works
-    write(page, "明月", selected)
-    assert door_text(page, "right").startswith("明")

@@ -12,7 +12,8 @@ from couplet.kvcache import PrefixPool, make_mode
 torch.set_num_threads(1)
 
 PROMPT = [1, 7, 12, 30, 5, 44, 9, 3]  # 8 tokens: with block_size 2, the last block ends the prompt
-LOSSY = [("combo", {}), ("combo", {"bits": 8}), ("combo", {"block_size": 3, "ratio": 0.4})]
+LOSSY = [("combo", {"block_size": 2}), ("combo", {"bits": 8, "block_size": 2}),
+         ("combo", {"block_size": 3, "ratio": 0.4})]
 
 
 def run(model, mode: str, options: dict, pool: PrefixPool, prompts: list[list[int]],

@@ -117,19 +117,20 @@ def test_shared_reproduces_full_at_any_pool_state(tiny_causal_lm) -> None:
     identical greedy tokens."""
     pool = PrefixPool()
     ref_tokens, ref_logits = reference(tiny_causal_lm, PROMPT, 8)
-    with make_mode("shared").new_session(tiny_causal_lm, pool=pool) as session:  # cold
+    with make_mode("shared", block_size=2).new_session(tiny_causal_lm, pool=pool) as session:  # cold
         tokens, logits = greedy(session, PROMPT, 8)
     assert tokens == ref_tokens and all(torch.equal(a, b) for a, b in zip(logits, ref_logits, strict=True))
     assert len(pool) == len(PROMPT) // 2
     snapshot = {key: [t.clone() for p in blk.payload for t in p] for key, blk in pool._blocks.items()}
-    with make_mode("shared").new_session(tiny_causal_lm, pool=pool) as session:  # warm: all but the last block
+    # warm: all but the last block
+    with make_mode("shared", block_size=2).new_session(tiny_causal_lm, pool=pool) as session:
         tokens, logits = greedy(session, PROMPT, 8)
         assert session.stats().shared_bytes > 0 and session.cache.layers[0].prefix_len == len(PROMPT)
     assert tokens == ref_tokens
     assert all(torch.allclose(a, b, atol=1e-5, rtol=0) for a, b in zip(logits, ref_logits, strict=True))
     other = PROMPT[:4] + [50, 51, 52]  # partial match: the first two blocks only
     ref_tokens, ref_logits = reference(tiny_causal_lm, other, 8)
-    with make_mode("shared").new_session(tiny_causal_lm, pool=pool) as session:
+    with make_mode("shared", block_size=2).new_session(tiny_causal_lm, pool=pool) as session:
         tokens, logits = greedy(session, other, 8)
     assert tokens == ref_tokens
     assert all(torch.allclose(a, b, atol=1e-5, rtol=0) for a, b in zip(logits, ref_logits, strict=True))

@@ -11,6 +11,9 @@ import torch
 from couplet.kvcache import PrefixPool, make_mode
 from couplet.kvcache.pool import chain_keys
 
+# These prompts are a few tokens long: 2-token blocks (the default, 8, suits the ~415-token couplet prompt)
+SHORT_BLOCK = 2
+
 torch.set_num_threads(1)
 
 
@@ -61,10 +64,10 @@ def test_chains_are_evicted_leaf_first() -> None:
 def test_sessions_release_every_reference(tiny_llama, mode: str) -> None:
     pool = PrefixPool()
     prompt = torch.tensor([[1, 7, 12, 30, 5, 44, 9]])
-    s1 = make_mode(mode).new_session(tiny_llama, pool=pool)
+    s1 = make_mode(mode, block_size=SHORT_BLOCK).new_session(tiny_llama, pool=pool)
     s1.forward(prompt)
     assert len(pool) == 3 and pool.total_refs() == 3
-    with make_mode(mode).new_session(tiny_llama, pool=pool) as s2:
+    with make_mode(mode, block_size=SHORT_BLOCK).new_session(tiny_llama, pool=pool) as s2:
         s2.forward(prompt)
         assert pool.total_refs() == 6 and pool.hits == 3
         share = s2.stats().shared_bytes
@@ -73,7 +76,7 @@ def test_sessions_release_every_reference(tiny_llama, mode: str) -> None:
     s1.close()
     s1.close()  # idempotent
     assert pool.total_refs() == 0 and len(pool) == 3  # unreferenced blocks stay cached until evicted
-    s3 = make_mode(mode).new_session(tiny_llama, pool=pool)
+    s3 = make_mode(mode, block_size=SHORT_BLOCK).new_session(tiny_llama, pool=pool)
     s3.forward(prompt)
     assert pool.total_refs() == 3
     del s3
@@ -85,10 +88,10 @@ def test_sessions_release_every_reference(tiny_llama, mode: str) -> None:
 
 def test_pool_budget_is_respected_by_sessions(tiny_llama) -> None:
     pool = PrefixPool(max_bytes=2 * 2 * 2 * 2 * 8 * 4 * 2)  # room for two full-precision blocks of 2 tokens
-    with make_mode("shared").new_session(tiny_llama, pool=pool) as s:
+    with make_mode("shared", block_size=SHORT_BLOCK).new_session(tiny_llama, pool=pool) as s:
         s.forward(torch.tensor([[1, 7, 12, 30, 5, 44, 9]]))
         assert len(pool) == 2 and pool.nbytes <= pool.max_bytes and pool.rejected == 1
         assert s.cache.layers[0].prefix_len == 4  # the third block stays private to the request
-    with make_mode("shared").new_session(tiny_llama, pool=pool) as s:
+    with make_mode("shared", block_size=SHORT_BLOCK).new_session(tiny_llama, pool=pool) as s:
         s.forward(torch.tensor([[2, 8, 13, 31, 6]]))  # new prompt: the old blocks are unreferenced -> evicted
         assert pool.nbytes <= pool.max_bytes and pool.evictions == 2

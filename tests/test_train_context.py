@@ -61,7 +61,8 @@ def test_a_tiny_run_checkpoints_and_resumes(tmp_path, tiny_checkpoint):
     assert first["steps"] >= 1 and (tmp_path / "state.pt").exists()
     saved = json.loads((tmp_path / "model" / "training.json").read_text(encoding="utf-8"))
     assert saved["stage"] == 2 and saved["steps"] == first["steps"]
-    second = main(ContextTrainConfig(**{**cfg, "minutes": 0.1, "resume": True}))
+    elapsed = torch.load(tmp_path / "state.pt", weights_only=False)["elapsed"]
+    second = main(ContextTrainConfig(**{**cfg, "minutes": elapsed / 60 + 0.05, "resume": True}))
     assert second["steps"] > first["steps"]  # continued, not restarted
     state = torch.load(tmp_path / "state.pt", weights_only=False)
     assert state["step"] == second["steps"]

@@ -169,6 +169,7 @@ def lr_at(progress: float, cfg: ContextTrainConfig) -> float:
 
 def main(cfg: ContextTrainConfig) -> dict:
     torch.set_num_threads(cfg.threads)
+    torch.set_grad_enabled(True)  # a caller (e.g. a test process) may have left autograd off
     rng = random.Random(cfg.seed)
     torch.manual_seed(cfg.seed)
     t_read = time.time()

@@ -10,7 +10,8 @@ Three lists, used in three places:
 - evaluation (`couplet.evaluate`): `negation_rate`, `taboo_rate`, `gloom_rate` are shares of couplets that
   contain a character (or word) of the matching list.
 
-Defaults of the biases (`VoiceConfig`) were chosen by measurement on the dev list (README, "A festive voice").
+Defaults of the biases (`VoiceConfig`) follow the stage-1 measurement in DESIGN §7 (-3 negation penalty:
+87% -> 6% negation; +4 bonus: word salad); not yet swept on the stage-2 model.
 """
 
 from __future__ import annotations

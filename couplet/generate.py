@@ -178,42 +178,49 @@ def decode(lm: LoadedModel, prep: Prepared, mode: str, pool: PrefixPool | None =
         records.append(rec)
         return rec
 
-    with torch.inference_mode(), policy.new_session(lm.model, pool=pool) as session:
-        # every token fed: the prompt, 上联 + <mid>, 下联 but its last character; retention budgets are a
-        # share of this whole length (a fixed per-request cap), not of the tokens seen so far
-        session.expect([len(prep.prompt) + 2 * length])
-        t0 = time.perf_counter()
-        out = session.forward(torch.tensor([prep.prompt], device=lm.device))
-        logits = out[0, -1]
-        # a prefix-pool hit returns only the positions computed: what the prefill cost this request
-        yield Progress(mode, "", "", record(0, "", t0, out.shape[1]))
+    # inference mode is entered around each step's compute, never held across a `yield`: a suspended
+    # generator would otherwise leak it into the caller's thread (autograd off for whatever runs next)
+    with policy.new_session(lm.model, pool=pool) as session:
+        with torch.inference_mode():
+            # every token fed: the prompt, 上联 + <mid>, 下联 but its last character; retention budgets are a
+            # share of this whole length (a fixed per-request cap), not of the tokens seen so far
+            session.expect([len(prep.prompt) + 2 * length])
+            t0 = time.perf_counter()
+            out = session.forward(torch.tensor([prep.prompt], device=lm.device))
+            logits = out[0, -1]
+            # a prefix-pool hit returns only the positions computed: what the prefill cost this request
+            progress = Progress(mode, "", "", record(0, "", t0, out.shape[1]))
+        yield progress
         step = 0
         for line in (0, 1):
             for pos in range(length):
                 step += 1
-                t0 = time.perf_counter()
-                char = constraints.fixed(line, pos)
-                logprob = None
-                if follow is not None:
-                    char = follow[line][pos]
-                    token = lm.vocab.get(char, lm.ids.unk)
-                    logprob = float(torch.log_softmax(logits.float(), dim=-1)[token])
-                elif char is None:
-                    allowed = constraints.allowed(line, pos, lines)
-                    char = lm.id_to_char[sample(logits, allowed, request, step, constraints.bias)]
-                lines[line] += char
-                last = line == 1 and pos == length - 1
-                if not last:
-                    # Structure for `selective`/`combo` (others ignore it), for the character the next
-                    # forward writes: keywords and the 上联 so far, then the 上联 characters 下联 must mirror.
-                    nxt = (line, pos + 1) if pos + 1 < length else (1, 0)  # what the next forward writes
-                    session.protect([couplet_protection(keyword_positions, upper_start, length, *nxt)])
-                    feed = char_ids(lm.tokenizer, char)
-                    if line == 0 and pos == length - 1:
-                        feed.append(lm.ids.mid)  # the line break rides along with the last 上联 character
-                    logits = session.forward(torch.tensor([feed], device=lm.device))[0, -1]
-                yield Progress(mode, lines[0], lines[1], record(step, char, t0, 0 if last else len(feed)),
-                               logprob=logprob)
+                with torch.inference_mode():
+                    t0 = time.perf_counter()
+                    char = constraints.fixed(line, pos)
+                    logprob = None
+                    if follow is not None:
+                        char = follow[line][pos]
+                        token = lm.vocab.get(char, lm.ids.unk)
+                        logprob = float(torch.log_softmax(logits.float(), dim=-1)[token])
+                    elif char is None:
+                        allowed = constraints.allowed(line, pos, lines)
+                        char = lm.id_to_char[sample(logits, allowed, request, step, constraints.bias)]
+                    lines[line] += char
+                    last = line == 1 and pos == length - 1
+                    if not last:
+                        # Structure for `selective`/`combo` (others ignore it), for the character the next
+                        # forward writes: keywords and the 上联 so far, then the 上联 characters 下联 must
+                        # mirror.
+                        nxt = (line, pos + 1) if pos + 1 < length else (1, 0)  # what the next forward writes
+                        session.protect([couplet_protection(keyword_positions, upper_start, length, *nxt)])
+                        feed = char_ids(lm.tokenizer, char)
+                        if line == 0 and pos == length - 1:
+                            feed.append(lm.ids.mid)  # the line break rides along with the last 上联 character
+                        logits = session.forward(torch.tensor([feed], device=lm.device))[0, -1]
+                    progress = Progress(mode, lines[0], lines[1], record(step, char, t0, 0 if last else len(feed)),
+                                        logprob=logprob)
+                yield progress
         hengpi = choose_hengpi(lm, lines[0], lines[1])
         checks = check_couplet(lines[0], lines[1], hengpi, prep.keyword_text, given_upper=prep.duixia)
         result = CoupletResult(prep.keyword_text, lines[0], lines[1], hengpi, mode, checks, records,

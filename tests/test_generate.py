@@ -1,6 +1,7 @@
 """Constrained decoding on the tiny random model: whatever the weights, the output is well-formed."""
 
 import pytest
+import torch
 
 from couplet.generate import CoupletRequest, generate, stream_modes
 from couplet.kvcache import MODES
@@ -74,3 +75,15 @@ def test_modes_advance_in_lockstep_on_the_same_seed(tiny_lm):
     final = updates[-1]
     assert all(p.result is not None for p in final.values())
     assert final["full"].result.peak_bytes == final["full"].result.full_equivalent_bytes
+
+
+def test_a_half_read_stream_leaves_autograd_as_it_was(tiny_lm):
+    # a generator suspended inside `torch.inference_mode()` leaks it into its caller's thread; this once
+    # broke a training run started later in the same process (its loss had no grad_fn)
+    stream = stream_modes(tiny_lm, CoupletRequest("龙马精神", length=5), ["full", "int8"])
+    next(stream)
+    next(stream)
+    assert not torch.is_inference_mode_enabled()
+    assert torch.is_grad_enabled()
+    w = torch.ones(2, requires_grad=True)
+    assert (w * 2).sum().grad_fn is not None

@@ -1,0 +1,97 @@
+"""Every mode's greedy couplets and bytes per step on the dev list, as a golden file for refactors.
+
+    python scripts/golden_modes.py --write tests/golden/modes.json      # before a refactor
+    python scripts/golden_modes.py --check tests/golden/modes.json      # after: prints what differs
+
+Each mode runs at its registry defaults, float32 on CPU, on a fresh prefix pool (so `shared` and `combo`
+see the same pool states in the same order every run). Per phrase it records the couplet, the 横批 and,
+per step, stored tokens, kv bytes, shared bytes and tokens computed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from couplet.generate import CoupletRequest, generate
+from couplet.kvcache import MODES, PrefixPool
+from couplet.model import load_model
+from couplet.text import CoupletInputError
+
+
+def run(phrases: list[str], modes: list[str], length: int) -> dict:
+    lm = load_model(dtype="float32", device="cpu")
+    out: dict = {"length": length, "modes": {}}
+    for mode in modes:
+        pool = PrefixPool()
+        rows = {}
+        t0 = time.perf_counter()
+        for phrase in phrases:
+            try:
+                r = generate(lm, CoupletRequest(phrase, length), mode, pool)
+            except CoupletInputError:
+                continue
+            rows[phrase] = {"couplet": [r.upper, r.lower, r.hengpi],
+                            "steps": [[s.stored_tokens, s.kv_bytes, s.shared_bytes, s.computed_tokens]
+                                      for s in r.steps]}
+        out["modes"][mode] = rows
+        print(f"{mode}: {len(rows)} phrases in {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
+    return out
+
+
+def compare(golden: dict, now: dict) -> list[str]:
+    """Human-readable differences; empty when identical."""
+    diffs = []
+    for mode, rows in golden["modes"].items():
+        if mode not in now["modes"]:
+            diffs.append(f"{mode}: missing")
+            continue
+        for phrase, want in rows.items():
+            got = now["modes"][mode].get(phrase)
+            if got is None:
+                diffs.append(f"{mode} {phrase}: missing")
+            elif got["couplet"] != want["couplet"]:
+                diffs.append(f"{mode} {phrase}: {want['couplet']} -> {got['couplet']}")
+            elif got["steps"] != want["steps"]:
+                first = next(i for i, (a, b) in enumerate(zip(want["steps"], got["steps"])) if a != b) \
+                    if len(got["steps"]) == len(want["steps"]) else -1
+                diffs.append(f"{mode} {phrase}: steps differ (first at step {first})")
+    return diffs
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--keywords", default="assets/dev_keywords.txt")
+    p.add_argument("--modes", default=None, help="comma-separated (default: every mode in the golden file/registry)")
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--length", type=int, default=7)
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--write")
+    g.add_argument("--check")
+    args = p.parse_args()
+    phrases = [s.strip() for s in Path(args.keywords).read_text(encoding="utf-8").splitlines() if s.strip()]
+    phrases = phrases[: args.limit]
+    if args.write:
+        modes = args.modes.split(",") if args.modes else list(MODES)
+        data = run(phrases, modes, args.length)
+        Path(args.write).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.write).write_text(json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n",
+                                    encoding="utf-8")
+        return 0
+    golden = json.loads(Path(args.check).read_text(encoding="utf-8"))
+    modes = args.modes.split(",") if args.modes else list(golden["modes"])
+    golden["modes"] = {m: {k: v for k, v in golden["modes"][m].items() if k in phrases} for m in modes}
+    diffs = compare(golden, run(phrases, modes, golden["length"]))
+    total = sum(len(r) for r in golden["modes"].values())
+    print(f"{total - len({d.split(':')[0] for d in diffs})} of {total} (mode, phrase) identical "
+          f"in couplet and bytes per step; {len(diffs)} differ")
+    for d in diffs[:40]:
+        print("  " + d)
+    return 1 if diffs else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

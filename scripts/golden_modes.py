@@ -1,7 +1,7 @@
 """Every mode's greedy couplets and bytes per step on the dev list, as a golden file for refactors.
 
-    python scripts/golden_modes.py --write tests/golden/modes.json      # before a refactor
-    python scripts/golden_modes.py --check tests/golden/modes.json      # after: prints what differs
+    PYTHONPATH=. python scripts/golden_modes.py --write tests/golden/modes.json   # before a refactor
+    PYTHONPATH=. python scripts/golden_modes.py --check tests/golden/modes.json   # after: what differs
 
 Each mode runs at its registry defaults, float32 on CPU, on a fresh prefix pool (so `shared` and `combo`
 see the same pool states in the same order every run). Per phrase it records the couplet, the 横批 and,

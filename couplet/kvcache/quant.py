@@ -14,6 +14,14 @@ Scales and zero points are stored in the input's dtype (bf16 for a bf16 model), 
 stored values still cover the group (scale rounded up, zero point rounded down): every element then
 dequantizes within scale / 2 of its original value, the bound the tests check. Leading dimensions are
 free: keys and values are quantized together as one (2, batch, heads, tokens, head_dim) tensor.
+
+Why by hand, not transformers' `QuantizedLayer` (quanto / HQQ backends): those keep a full-precision
+residual of `residual_length` tokens (128 by default) before anything is quantized — longer than a whole
+couplet request — and store codes in the backend's own packed objects, whose bytes are not exact tensor
+storages; they cannot gather single rows (eviction, `combo`), nor lay out immutable pool blocks whose
+codes a request reuses as they are. Both need an extra package (optimum-quanto, hqq). Here a row is a
+self-contained uint8/int8 tensor plus a scale, its bytes are `untyped_storage().nbytes()`, int4 packs two
+codes per byte, and the residual is a knob (0 by default).
 """
 
 from __future__ import annotations

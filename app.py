@@ -21,7 +21,7 @@ import torch
 
 from couplet.calendar import DEFAULT_YEAR, MAX_YEAR, MIN_YEAR, year_label
 from couplet.charts import kv_figure, memory_figure
-from couplet.events import CoupletResult, StepRecord
+from couplet.events import StepRecord
 from couplet.exemplars import load_store
 from couplet.gate import ASSETS_DIR, FONT_PATH, gate_css, render_gate
 from couplet.generate import CoupletRequest, stream_modes
@@ -90,26 +90,15 @@ def _stream(make_request, temperature: float, seed: float, year: float, modes: l
     shown = "full" if "full" in modes else modes[0]
     try:
         request = make_request(float(temperature or 0.0), int(seed or 0))
-        records: dict[str, list[StepRecord]] = {m: [] for m in modes}
-        results: dict[str, CoupletResult] = {}
-        for update in stream_modes(model(), request, modes, POOL):
-            for m, progress in update.items():
-                if not records[m] or records[m][-1] is not progress.record:
-                    records[m].append(progress.record)
-                if progress.result is not None:
-                    results[m] = progress.result
-            p = update[shown]
-            done = len(results) == len(modes)
+        for state in stream_modes(model(), request, modes, POOL):
+            p, results, done = state.latest[shown], state.results, state.done
             length = len(p.upper) if request.task == "duixia" else request.length
             gate = render_gate(p.upper, p.lower, results[shown].hengpi if done else "", year_label=label,
                                opened=done, pending=not done, length=length)
             checks = checks_html(results[shown], notice) if done else checks_html(None, notice or "正在落笔……")
-            # the table's time is each mode's own decoding: the modes run interleaved, so a result's wall
-            # time (`seconds`) spans all of them
-            table = modes_table_html(results, {m: sum(s.seconds for s in r.steps) for m, r in results.items()}) \
-                if done else modes_table_html({})
+            table = modes_table_html(results) if done else modes_table_html({})
             payload = [results[m].to_json(with_steps=False) for m in modes] if done else []
-            yield _outputs(gate, checks, records, table, payload)
+            yield _outputs(gate, checks, state.records, table, payload)
     except CoupletInputError as e:
         gr.Warning(str(e).split(" (")[0])
         yield _outputs(render_gate("", "", "", year_label=label, opened=False, message=str(e).split(" (")[0]),

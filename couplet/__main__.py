@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass, field
 
 from couplet.events import CoupletResult
-from couplet.kvcache import MODES, PrefixPool
+from couplet.kvcache import MODES, PrefixPool, parse_modes
 from couplet.options import parse_settings
 from couplet.text import CoupletInputError
 
@@ -58,10 +58,8 @@ def main(cfg: CliConfig) -> int:
     from couplet.generate import CoupletRequest, generate  # heavy imports after argument checks
     from couplet.model import load_model
 
-    settings = parse_settings(cfg.settings, MODES)
-    unknown = [m for m in cfg.modes if m not in MODES]
-    if unknown:
-        raise ValueError(f"unknown mode {unknown[0]!r}; choose from {', '.join(MODES)}")
+    settings = parse_settings(cfg.settings)
+    parse_modes(cfg.modes, allow_all=False)
     request = CoupletRequest(cfg.keywords or "", cfg.length, cfg.acrostic, cfg.temperature, cfg.top_p, cfg.seed,
                              upper=cfg.upper or "", task="couplet" if cfg.upper is None else "duixia")
     lm = load_model(cfg.model, cfg.device, cfg.dtype)

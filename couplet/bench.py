@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from couplet.generate import CoupletRequest, generate
-from couplet.kvcache import MODES, PrefixPool
+from couplet.kvcache import MODES, PrefixPool, parse_modes
 from couplet.model import load_model
 from couplet.options import parse_settings
 
@@ -40,7 +40,7 @@ class BenchConfig:
 def main(cfg: BenchConfig) -> dict[str, dict[str, float]]:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    settings = parse_settings(cfg.settings, MODES)
+    settings = parse_settings(cfg.settings)
     lm = load_model(None, cfg.device, cfg.dtype)
     pool = PrefixPool()
     step_s: dict[str, list[float]] = {m: [] for m in cfg.modes}
@@ -82,10 +82,10 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--set", dest="settings", action="append", default=[], metavar="MODE.FIELD=VALUE")
     a = p.parse_args(argv)
-    modes = list(MODES) if a.modes == "all" else [m.strip() for m in a.modes.split(",")]
-    unknown = [m for m in modes if m not in MODES]
-    if unknown:
-        p.error(f"unknown mode {unknown[0]!r}; choose from {', '.join(MODES)} or all")
+    try:
+        modes = parse_modes(a.modes)
+    except ValueError as e:
+        p.error(str(e))
     return BenchConfig(modes, a.reps, a.dtype, a.device, a.threads, a.settings)
 
 

@@ -12,18 +12,9 @@ from collections.abc import Mapping, Sequence
 import plotly.graph_objects as go
 
 from couplet.events import StepRecord
+from couplet.kvcache.registry import MODE_INFO
 
-# One colour per mode everywhere (chart lines, table swatches): festive but distinguishable.
-MODE_COLORS: dict[str, str] = {
-    "full": "#3b2a20",  # ink: the uncompressed baseline
-    "window": "#e0792b",  # lantern orange
-    "selective": "#2e8b57",  # jade
-    "int8": "#d4a017",  # gold
-    "int4": "#8a5a00",  # bronze
-    "shared": "#1f5f8b",  # palace blue
-    "combo": "#b22222",  # vermilion
-}
-_FALLBACK_COLORS = ("#7b3f98", "#c2185b", "#00838f", "#6d4c41", "#558b2f")
+_FALLBACK_COLORS = ("#c2185b", "#00838f", "#6d4c41", "#558b2f")  # modes outside the registry (none today)
 FULL_EQUIVALENT_COLOR = "#9e9e9e"
 FONT_FAMILY = '"CoupletKai", "LXGW WenKai", "Noto Sans CJK SC", sans-serif'
 UIREVISION = "couplet-steps"
@@ -36,9 +27,9 @@ KB, MB = 1024, 1024 * 1024
 
 
 def mode_color(mode: str) -> str:
-    """The fixed colour of a mode; modes outside the map get a stable colour from a spare palette."""
-    if mode in MODE_COLORS:
-        return MODE_COLORS[mode]
+    """The fixed colour of a mode (`MODE_INFO`); a name outside the registry gets a stable spare colour."""
+    if mode in MODE_INFO:
+        return MODE_INFO[mode].color
     return _FALLBACK_COLORS[sum(map(ord, mode)) % len(_FALLBACK_COLORS)]
 
 

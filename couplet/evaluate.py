@@ -3,6 +3,7 @@ against `full` on the same greedy decode.
 
     python -m couplet.evaluate --keywords assets/dev_keywords.txt --json /tmp/eval.json
     python -m couplet.evaluate --keywords assets/dev_keywords.txt --modes all --sweep --plot /tmp/sweep.html
+    python -m couplet.evaluate --keywords FILE --modes full,window,selective,snapkv --sweep --sweep-values 0.5,0.75
     python -m couplet.evaluate --keywords FILE --pairs heldout.tsv     # adds the NLLs and the 对下联 figures
     python -m couplet.evaluate --keywords FILE --pairs heldout.tsv --steer   # does the house prefix steer?
     python -m couplet.evaluate --keywords FILE --somber 0 --auspicious 0 --no-taboo-ban   # the voice off
@@ -27,21 +28,12 @@ from typing import Any
 from couplet.constraints import COPY_RUN
 from couplet.events import CoupletResult
 from couplet.generate import CoupletRequest, decode, generate, prepare
-from couplet.kvcache import MODES, PrefixPool
+from couplet.kvcache import MODE_INFO, MODES, PrefixPool, parse_modes
 from couplet.lexicon import DEFAULT_VOICE, NEGATION, PLAIN_VOICE, TABOO, VoiceConfig, is_gloomy, lexicon_report
 from couplet.model import LoadedModel, load_model
 from couplet.options import parse_settings
 from couplet.prompt import DEFAULT_PROMPT, HOUSE_COUPLETS, HouseCouplet, PromptConfig
 from couplet.text import CoupletInputError
-
-# The budget knob each compressing mode is swept over for the quality-versus-compression plot.
-BUDGET_SWEEPS: dict[str, tuple[str, tuple[Any, ...]]] = {
-    "window": ("ratio", (0.3, 0.4, 0.5, 0.6, 0.75, 1.0)),
-    "selective": ("ratio", (0.3, 0.4, 0.5, 0.6, 0.75, 1.0)),
-    "combo": ("ratio", (0.3, 0.4, 0.5, 0.6, 0.75)),
-    "int8": ("residual", (0, 1, 2, 4)),
-    "int4": ("residual", (0, 1, 2, 4)),
-}
 
 
 @dataclass
@@ -59,6 +51,7 @@ class EvalConfig:
     device: str | None = None
     model: str | None = None
     sweep: bool = False
+    sweep_values: list[float] | None = None  # ratios instead of the registry's, for the modes swept by ratio
     plot: str | None = None
     limit: int | None = None
     voice: VoiceConfig = DEFAULT_VOICE
@@ -264,11 +257,8 @@ def sweep_plot(sweeps: dict[str, list[dict]], path: str) -> None:
 
 
 def main(cfg: EvalConfig) -> dict[str, Any]:
-    modes = list(MODES) if cfg.modes == ["all"] else cfg.modes
-    unknown = [m for m in modes if m not in MODES]
-    if unknown:
-        raise ValueError(f"unknown mode {unknown[0]!r}; choose from {', '.join(MODES)} or all")
-    settings = parse_settings(cfg.settings, MODES)
+    modes = parse_modes(cfg.modes)
+    settings = parse_settings(cfg.settings)
     lm = load_model(cfg.model, cfg.device, cfg.dtype)
     phrases = read_lines(cfg.keywords)[: cfg.limit]
     pool = PrefixPool()
@@ -303,8 +293,11 @@ def main(cfg: EvalConfig) -> dict[str, Any]:
             print(f"{mode}: {json.dumps(report['modes'][mode])}", file=sys.stderr)
         if cfg.sweep:
             sweeps: dict[str, list[dict]] = {}
-            for mode, (knob, values) in BUDGET_SWEEPS.items():
-                if mode not in modes:
+            for mode in modes:
+                knob, values = MODE_INFO[mode].knob, MODE_INFO[mode].sweep
+                if knob == "ratio" and cfg.sweep_values:
+                    values = tuple(cfg.sweep_values)
+                if knob is None:
                     continue
                 sweeps[mode] = []
                 for value in values:
@@ -335,6 +328,8 @@ def parse_args(argv: list[str] | None = None) -> EvalConfig:
     p.add_argument("--device", default=None)
     p.add_argument("--model", default=None)
     p.add_argument("--sweep", action="store_true", help="sweep each mode's budget (slow)")
+    p.add_argument("--sweep-values", type=lambda t: [float(x) for x in t.split(",")], default=None,
+                   metavar="V,V,…", help="ratios for the modes swept by ratio, instead of the registry's")
     p.add_argument("--plot", default=None, help="HTML file for the quality-versus-compression plot")
     p.add_argument("--limit", type=int, default=None, help="first N phrases only")
     p.add_argument("--somber", type=float, default=DEFAULT_VOICE.somber, help="logit penalty, negation/melancholy")
@@ -345,7 +340,7 @@ def parse_args(argv: list[str] | None = None) -> EvalConfig:
     p.add_argument("--steer", action="store_true", help="festive house prefix vs random corpus couplets (--pairs)")
     p.add_argument("--duixia", type=int, default=500, help="held-out 上联 for 对下联 (with --pairs; 0: skip)")
     args = vars(p.parse_args(argv))
-    args["modes"] = [m.strip() for m in args["modes"].split(",") if m.strip()]
+    args["modes"] = [m.strip() for m in args["modes"].split(",") if m.strip()]  # checked by parse_modes in main
     args["voice"] = VoiceConfig(args.pop("ban_taboo"), args.pop("somber"), args.pop("auspicious"))
     args["prompt"] = PromptConfig(args.pop("house"), args.pop("k"))
     return EvalConfig(**args)

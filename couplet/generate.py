@@ -2,8 +2,8 @@
 
     lm = load_model()
     result = generate(lm, CoupletRequest("龙马精神"), mode="full")
-    for progress in stream_modes(lm, request, ["full", "int4"]):   # modes advance in lockstep
-        ...
+    for round in stream_modes(lm, request, ["full", "int4"]):   # modes advance in lockstep
+        round.latest, round.records, round.results                 # per mode
 
 `prepare` lays out the prompt (`couplet.prompt`: the house prefix, the exemplars retrieved for the
 keywords — or for the 上联 in 对下联 — then the request). The decode loop writes 上联 character by
@@ -25,10 +25,10 @@ import torch
 from couplet.constraints import LineConstraints
 from couplet.events import CoupletResult, StepRecord
 from couplet.hengpi import choose_hengpi
-from couplet.kvcache import PrefixPool, couplet_protection, make_mode
+from couplet.kvcache import PrefixPool, make_mode
 from couplet.lexicon import DEFAULT_VOICE, VoiceConfig
 from couplet.model import LoadedModel
-from couplet.placement import Placement, place_keywords
+from couplet.placement import Placement, couplet_protection, place_keywords
 from couplet.prompt import DEFAULT_PROMPT, Context, PromptConfig, build_context
 from couplet.rules import check_couplet
 from couplet.text import Keywords, normalize_keywords, normalize_upper
@@ -111,7 +111,7 @@ def prepare(lm: LoadedModel, request: CoupletRequest, prompt: PromptConfig = DEF
 
 @dataclass
 class Progress:
-    """A mode's state after one step: the text so far and the step's record."""
+    """A mode's state after one step: the text so far and the step's record (each step's exactly once)."""
 
     mode: str
     upper: str
@@ -153,100 +153,154 @@ def _device_memory(device: str) -> tuple[int | None, int | None]:
     return None, None
 
 
-def decode(lm: LoadedModel, prep: Prepared, mode: str, pool: PrefixPool | None = None,
-           follow: tuple[str, str] | None = None, **mode_options) -> Iterator[Progress]:
-    """Generate one couplet under one KV-cache mode, yielding after the prefill and every step.
+class Decoding:
+    """One couplet under one KV-cache mode: `prefill()`, then `step()` once per character until `done`.
 
-    With `follow=(upper, lower)` the loop is teacher-forced along that couplet instead of choosing, and
-    each Progress carries the model's log-probability of the followed character (for NLL deltas).
+    Every call returns the Progress of what it computed, its StepRecord new each time; the last step's
+    carries the result. `seconds` is this decoding's own compute time, whatever runs between its calls
+    (other modes interleaved, a UI redraw). With `follow=(upper, lower)` the loop is teacher-forced along
+    that couplet instead of choosing, and each Progress carries the model's log-probability of the followed
+    character (for NLL deltas). Runs under `torch.inference_mode()` per call, never across calls.
     """
-    request, length = prep.request, prep.length
-    policy = make_mode(mode, **mode_options)
-    constraints = LineConstraints(lm, prep.placement, length, prep.voice, prep.context.borrowed, prep.lower_end)
-    # <bos>, the context, <Ln>, then the keywords
-    keyword_positions = list(range(len(prep.context.ids) + 2, len(prep.context.ids) + 2 + len(prep.keyword_text)))
-    upper_start = len(prep.prompt)
-    lines = ["", ""]
-    records: list[StepRecord] = []
-    t_start = time.perf_counter()
 
-    def record(step: int, token: str, t0: float, computed: int) -> StepRecord:
-        s = session.stats()
-        alloc, peak = _device_memory(lm.device)
-        rec = StepRecord(mode, step, token, s.logical_length, s.stored_tokens, s.kv_bytes, s.shared_bytes,
-                         s.full_equivalent_bytes, alloc, peak, time.perf_counter() - t0, computed)
-        records.append(rec)
-        return rec
+    def __init__(self, lm: LoadedModel, prep: Prepared, mode: str, pool: PrefixPool | None = None,
+                 follow: tuple[str, str] | None = None, **mode_options) -> None:
+        self.lm, self.prep, self.mode, self.follow = lm, prep, mode, follow
+        self.session = make_mode(mode, **mode_options).new_session(lm.model, pool=pool)
+        self.constraints = LineConstraints(lm, prep.placement, prep.length, prep.voice, prep.context.borrowed,
+                                           prep.lower_end)
+        # <bos>, the context, <Ln>, then the keywords
+        start = len(prep.context.ids) + 2
+        self.keyword_positions = list(range(start, start + len(prep.keyword_text)))
+        self.lines = ["", ""]
+        self.records: list[StepRecord] = []
+        self.seconds = 0.0
+        self.logits: torch.Tensor | None = None
+        self._next = (0, 0)  # (line, position) the next step writes
 
-    # inference mode is entered around each step's compute, never held across a `yield`: a suspended
-    # generator would otherwise leak it into the caller's thread (autograd off for whatever runs next)
-    with policy.new_session(lm.model, pool=pool) as session:
+    @property
+    def done(self) -> bool:
+        return self._next[0] > 1
+
+    def close(self) -> None:
+        self.session.close()
+
+    def prefill(self) -> Progress:
+        t0 = time.perf_counter()
         with torch.inference_mode():
             # every token fed: the prompt, 上联 + <mid>, 下联 but its last character; retention budgets are a
             # share of this whole length (a fixed per-request cap), not of the tokens seen so far
-            session.expect([len(prep.prompt) + 2 * length])
-            t0 = time.perf_counter()
-            out = session.forward(torch.tensor([prep.prompt], device=lm.device))
-            logits = out[0, -1]
+            self.session.expect([len(self.prep.prompt) + 2 * self.prep.length])
+            out = self.session.forward(torch.tensor([self.prep.prompt], device=self.lm.device))
+            self.logits = out[0, -1]
             # a prefix-pool hit returns only the positions computed: what the prefill cost this request
-            progress = Progress(mode, "", "", record(0, "", t0, out.shape[1]))
-        yield progress
-        step = 0
-        for line in (0, 1):
-            for pos in range(length):
-                step += 1
-                with torch.inference_mode():
-                    t0 = time.perf_counter()
-                    char = constraints.fixed(line, pos)
-                    logprob = None
-                    if follow is not None:
-                        char = follow[line][pos]
-                        token = lm.vocab.get(char, lm.ids.unk)
-                        logprob = float(torch.log_softmax(logits.float(), dim=-1)[token])
-                    elif char is None:
-                        allowed = constraints.allowed(line, pos, lines)
-                        char = lm.id_to_char[sample(logits, allowed, request, step, constraints.bias)]
-                    lines[line] += char
-                    last = line == 1 and pos == length - 1
-                    if not last:
-                        # Structure for `selective`/`combo` (others ignore it), for the character the next
-                        # forward writes: keywords and the 上联 so far, then the 上联 characters 下联 must
-                        # mirror.
-                        nxt = (line, pos + 1) if pos + 1 < length else (1, 0)  # what the next forward writes
-                        session.protect([couplet_protection(keyword_positions, upper_start, length, *nxt)])
-                        feed = char_ids(lm.tokenizer, char)
-                        if line == 0 and pos == length - 1:
-                            feed.append(lm.ids.mid)  # the line break rides along with the last 上联 character
-                        logits = session.forward(torch.tensor([feed], device=lm.device))[0, -1]
-                    progress = Progress(mode, lines[0], lines[1], record(step, char, t0, 0 if last else len(feed)),
-                                        logprob=logprob)
-                yield progress
-        hengpi = choose_hengpi(lm, lines[0], lines[1])
-        checks = check_couplet(lines[0], lines[1], hengpi, prep.keyword_text, given_upper=prep.duixia)
-        result = CoupletResult(prep.keyword_text, lines[0], lines[1], hengpi, mode, checks, records,
-                               list(prep.notes), time.perf_counter() - t_start,
-                               exemplars=[list(p) for p in prep.context.exemplars])
-    yield Progress(mode, lines[0], lines[1], records[-1], result)
+            return self._progress(0, "", t0, out.shape[1])
+
+    def step(self) -> Progress:
+        """Choose (or follow) the next character and feed it: one forward, but none after the last one."""
+        t0 = time.perf_counter()
+        line, pos = self._next
+        length, lm = self.prep.length, self.lm
+        with torch.inference_mode():
+            assert self.logits is not None, "prefill() first"
+            char = self.constraints.fixed(line, pos)
+            logprob = None
+            if self.follow is not None:
+                char = self.follow[line][pos]
+                token = lm.vocab.get(char, lm.ids.unk)
+                logprob = float(torch.log_softmax(self.logits.float(), dim=-1)[token])
+            elif char is None:
+                allowed = self.constraints.allowed(line, pos, self.lines)
+                step = line * length + pos + 1
+                char = lm.id_to_char[sample(self.logits, allowed, self.prep.request, step, self.constraints.bias)]
+            self.lines[line] += char
+            self._next = (line, pos + 1) if pos + 1 < length else (line + 1, 0)
+            fed = 0
+            if not self.done:
+                # Structure for retention modes (others ignore it), for the character the next forward
+                # writes: keywords and the 上联 so far, then the 上联 characters 下联 must mirror.
+                upper_start = len(self.prep.prompt)
+                self.session.protect([couplet_protection(self.keyword_positions, upper_start, length,
+                                                         *self._next)])
+                feed = char_ids(lm.tokenizer, char)
+                if line == 0 and pos == length - 1:
+                    feed.append(lm.ids.mid)  # the line break rides along with the last 上联 character
+                self.logits = self.session.forward(torch.tensor([feed], device=lm.device))[0, -1]
+                fed = len(feed)
+            progress = self._progress(line * length + pos + 1, char, t0, fed, logprob)
+            if self.done:
+                progress.result = self._result()
+                self.seconds += time.perf_counter() - t0 - progress.record.seconds
+                progress.result.seconds = self.seconds
+            return progress
+
+    def _progress(self, step: int, token: str, t0: float, computed: int, logprob: float | None = None) -> Progress:
+        s = self.session.stats()
+        alloc, peak = _device_memory(self.lm.device)
+        seconds = time.perf_counter() - t0
+        rec = StepRecord(self.mode, step, token, s.logical_length, s.stored_tokens, s.kv_bytes, s.shared_bytes,
+                         s.full_equivalent_bytes, alloc, peak, seconds, computed)
+        self.records.append(rec)
+        self.seconds += seconds
+        return Progress(self.mode, self.lines[0], self.lines[1], rec, logprob=logprob)
+
+    def _result(self) -> CoupletResult:
+        upper, lower = self.lines
+        hengpi = choose_hengpi(self.lm, upper, lower)
+        checks = check_couplet(upper, lower, hengpi, self.prep.keyword_text, given_upper=self.prep.duixia)
+        return CoupletResult(self.prep.keyword_text, upper, lower, hengpi, self.mode, checks, list(self.records),
+                             list(self.prep.notes), exemplars=[list(p) for p in self.prep.context.exemplars])
+
+
+def decode(lm: LoadedModel, prep: Prepared, mode: str, pool: PrefixPool | None = None,
+           follow: tuple[str, str] | None = None, **mode_options) -> Iterator[Progress]:
+    """Generate one couplet under one KV-cache mode, yielding the prefill and then every step, each once;
+    the last Progress carries the result. See `Decoding`."""
+    run = Decoding(lm, prep, mode, pool, follow, **mode_options)
+    try:
+        yield run.prefill()
+        while not run.done:
+            yield run.step()
+    finally:
+        run.close()
+
+
+@dataclass
+class Round:
+    """What `stream_modes` yields after every round: each mode's latest Progress, every record so far per
+    mode (each step once), and the results of the modes that have finished."""
+
+    latest: dict[str, Progress]
+    records: dict[str, list[StepRecord]]
+    results: dict[str, CoupletResult]
+
+    @property
+    def done(self) -> bool:
+        return len(self.results) == len(self.latest)
 
 
 def stream_modes(lm: LoadedModel, request: CoupletRequest, modes: Sequence[str],
                  pool: PrefixPool | None = None, prompt: PromptConfig = DEFAULT_PROMPT,
-                 voice: VoiceConfig = DEFAULT_VOICE) -> Iterator[dict[str, Progress]]:
+                 voice: VoiceConfig = DEFAULT_VOICE) -> Iterator[Round]:
     """Run several modes on the same request and seed, advancing them one step at a time together.
 
-    Yields a dict {mode: latest Progress} after every round; the last one has `result` set for all.
-    """
+    Yields a Round after every round of steps; the last one has every mode's result."""
     prep = prepare(lm, request, prompt, voice)
     runs = {m: decode(lm, prep, m, pool) for m in modes}
-    latest: dict[str, Progress] = {}
+    state = Round({}, {m: [] for m in modes}, {})
     while runs:
         for m in list(runs):
             try:
-                latest[m] = next(runs[m])
+                p = next(runs[m])
             except StopIteration:
                 del runs[m]
-        if runs:
-            yield dict(latest)
+                continue
+            state.latest[m] = p
+            state.records[m].append(p.record)
+            if p.result is not None:
+                state.results[m] = p.result
+        if runs:  # a snapshot: a consumer may keep the rounds
+            yield Round(dict(state.latest), {m: list(r) for m, r in state.records.items()}, dict(state.results))
 
 
 def generate(lm: LoadedModel, request: CoupletRequest, mode: str = "full", pool: PrefixPool | None = None,

@@ -19,16 +19,19 @@ def parse_value(text: str) -> Any:
         return text
 
 
-def parse_settings(items: Iterable[str], modes: Iterable[str]) -> dict[str, dict[str, Any]]:
+def parse_settings(items: Iterable[str]) -> dict[str, dict[str, Any]]:
     """`["selective.ratio=0.3"]` → `{"selective": {"ratio": 0.3}}`; raises ValueError with the fix."""
-    known = list(modes)
+    from couplet.kvcache.registry import MODES, parse_modes
+
     out: dict[str, dict[str, Any]] = {}
     for item in items:
         key, sep, value = item.partition("=")
         mode, dot, field = key.partition(".")
         if not sep or not dot or not field:
             raise ValueError(f"--set expects MODE.FIELD=VALUE (e.g. selective.ratio=0.3), got {item!r}")
-        if mode not in known:
-            raise ValueError(f"--set names unknown mode {mode!r}; modes: {', '.join(known)}")
+        try:
+            parse_modes([mode], allow_all=False)
+        except ValueError:
+            raise ValueError(f"--set names unknown mode {mode!r}; modes: {', '.join(MODES)}") from None
         out.setdefault(mode, {})[field] = parse_value(value)
     return out

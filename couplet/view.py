@@ -62,8 +62,9 @@ def highlight_diff(text: str, reference: str) -> str:
     return "".join(out)
 
 
-def modes_table_html(results: Mapping[str, CoupletResult], seconds: Mapping[str, float] | None = None) -> str:
-    """One row per mode: peak KV, ratio to full, time, identical to full?, the couplet with differences marked.
+def modes_table_html(results: Mapping[str, CoupletResult]) -> str:
+    """One row per mode: peak KV, ratio to full, its own decoding time, identical to full?, the couplet with
+    differences marked.
 
     Ratios are against `full` when it ran, else against each mode's own full-precision equivalent.
     """
@@ -78,7 +79,7 @@ def modes_table_html(results: Mapping[str, CoupletResult], seconds: Mapping[str,
         ident = "—" if full is None or mode == "full" else ("✓ 相同" if same else "✗ 不同")
         couplet = (highlight_diff(r.upper, full.upper) + " / " + highlight_diff(r.lower, full.lower)) if full else \
             escape(f"{r.upper} / {r.lower}")
-        secs = (seconds or {}).get(mode, r.seconds)
+        secs = r.seconds
         rows.append(
             f'<tr data-mode="{escape(mode)}"><td><span class="swatch" style="background:{mode_color(mode)}"></span>'
             f"{escape(mode_label(mode))}</td><td>{r.peak_bytes / 1024:.1f} KB</td><td>{ratio:.2f}×</td>"

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from couplet.calendar import DEFAULT_YEAR  # noqa: E402
-from couplet.kvcache import MODES  # noqa: E402
+from couplet.kvcache import MODES, parse_modes  # noqa: E402
 
 UPPER = re.compile(r'<div class="door door-right">.*?<p class="couplet-line"[^>]*>(.*?)</p>', re.S)
 
@@ -43,9 +43,7 @@ class BenchConfig:
     def __post_init__(self) -> None:
         if self.reps < 1:
             raise ValueError(f"reps must be at least 1, got {self.reps}")
-        unknown = sorted(set(self.modes) - set(MODES))
-        if unknown:
-            raise ValueError(f"unknown modes {unknown}; valid modes: {', '.join(MODES)}")
+        parse_modes(self.modes, allow_all=False)
 
 
 @dataclass

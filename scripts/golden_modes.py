@@ -56,7 +56,7 @@ def compare(golden: dict, now: dict) -> list[str]:
             elif got["couplet"] != want["couplet"]:
                 diffs.append(f"{mode} {phrase}: {want['couplet']} -> {got['couplet']}")
             elif got["steps"] != want["steps"]:
-                first = next(i for i, (a, b) in enumerate(zip(want["steps"], got["steps"])) if a != b) \
+                first = next(i for i, (a, b) in enumerate(zip(want["steps"], got["steps"], strict=True)) if a != b) \
                     if len(got["steps"]) == len(want["steps"]) else -1
                 diffs.append(f"{mode} {phrase}: steps differ (first at step {first})")
     return diffs

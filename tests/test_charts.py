@@ -1,8 +1,9 @@
 
 import plotly.graph_objects as go
 
-from couplet.charts import KV_AXIS, MODE_COLORS, STEP_AXIS, UIREVISION, kv_figure, memory_figure, mode_color
+from couplet.charts import KV_AXIS, STEP_AXIS, UIREVISION, kv_figure, memory_figure, mode_color
 from couplet.events import StepRecord
+from couplet.kvcache import MODE_INFO
 
 LABELS = {"full": "完整 full", "window": "窗口 window"}
 
@@ -29,7 +30,7 @@ def test_kv_figure_one_line_per_mode_plus_full_equivalent():
     full, window = by_meta(fig, "full"), by_meta(fig, "window")
     assert list(full.y) == [1.0, 2.0, 3.0] and list(full.x) == [0, 1, 2]
     assert list(window.y) == [1.5, 2.5, 2.5]  # own bytes + share of the prefix pool
-    assert window.name == "窗口 window" and window.line.color == MODE_COLORS["window"]
+    assert window.name == "窗口 window" and window.line.color == MODE_INFO["window"].color
     eq = by_meta(fig, "full-equivalent")
     assert eq.line.dash == "dash" and list(eq.y) == [1000 / 1024, 2000 / 1024, 3000 / 1024]
     assert fig.layout.xaxis.title.text == STEP_AXIS and fig.layout.yaxis.title.text == KV_AXIS
@@ -39,12 +40,12 @@ def test_kv_figure_one_line_per_mode_plus_full_equivalent():
 def test_modes_of_different_lengths_and_unknown_labels():
     fig = kv_figure({"int4": records("int4", [10, 20]), "mystery": records("mystery", [5])}, {})
     assert by_meta(fig, "int4").name == "int4" and len(by_meta(fig, "mystery").y) == 1
-    assert by_meta(fig, "mystery").line.color == mode_color("mystery") not in MODE_COLORS.values()
+    assert by_meta(fig, "mystery").line.color == mode_color("mystery") not in [i.color for i in MODE_INFO.values()]
     assert len(by_meta(fig, "full-equivalent").x) == 2
 
 
 def test_updates_stay_small():
-    data = {m: records(m, list(range(0, 40_000, 1000))) for m in MODE_COLORS}
+    data = {m: records(m, list(range(0, 40_000, 1000))) for m in MODE_INFO}
     size = len(kv_figure(data, {}).to_json())
     assert size < 16_000, size  # 7 modes x 40 steps; the default template alone would add ~7 KB
 
@@ -67,7 +68,7 @@ def test_memory_on_gpu_plots_allocator_megabytes():
     assert len(fig.data) == 2 and not fig.layout.annotations
     assert list(by_meta(fig, "full").y) == [100.0, 101.0]
     assert list(by_meta(fig, "int8").y) == [None, 50.0]  # a gap, not a made-up zero
-    assert by_meta(fig, "int8").line.color == MODE_COLORS["int8"]
+    assert by_meta(fig, "int8").line.color == MODE_INFO["int8"].color
 
 
 def test_empty_input_gives_empty_figures():

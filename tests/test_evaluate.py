@@ -5,7 +5,7 @@ import json
 import pytest
 
 from couplet.evaluate import EvalConfig, main, parse_args
-from couplet.kvcache import MODES
+from couplet.kvcache import MODE_INFO, MODES
 
 
 @pytest.fixture()
@@ -41,8 +41,11 @@ def test_modes_report_against_full(tiny_checkpoint, keyword_file, tmp_path):
         assert {"kv_peak_bytes", "kv_ratio", "identical_rate", "nll_delta", "rule_pass_rate", "parallelism",
                 "seconds_per_couplet"} <= set(m), name
         assert m["rule_pass_rate"] == 1.0
-    assert report["modes"]["int8"]["kv_ratio"] < 0.6 and report["modes"]["int4"]["kv_ratio"] < 0.35
-    assert report["modes"]["shared"]["identical_rate"] == 1.0
+        # (the registry's byte targets are for the embedded model's geometry; this tiny one has head_dim 16)
+        if MODE_INFO[name].lossless:
+            assert m["identical_rate"] == 1.0 and m["kv_ratio"] == 1.0, name
+        else:
+            assert m["kv_ratio"] < 0.6, name
 
 
 def test_unknown_mode_is_refused(tiny_checkpoint, keyword_file):
@@ -52,9 +55,10 @@ def test_unknown_mode_is_refused(tiny_checkpoint, keyword_file):
 
 def test_sweep_writes_a_quality_versus_compression_plot(tiny_checkpoint, keyword_file, tmp_path,
                                                         monkeypatch):
-    import couplet.evaluate as ev
+    from dataclasses import replace
 
-    monkeypatch.setattr(ev, "BUDGET_SWEEPS", {"window": ("ratio", (0.5, 1.0))})
+    # the sweep's values come from the registry; two of them keep the test short
+    monkeypatch.setitem(MODE_INFO, "window", replace(MODE_INFO["window"], sweep=(0.5, 1.0)))
     plot = tmp_path / "sweep.html"
     report = main(EvalConfig(str(keyword_file), modes=["full", "window"], model=str(tiny_checkpoint),
                              dtype="float32", seeds=1, sweep=True, plot=str(plot)))

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from couplet.generate import CoupletRequest, generate, stream_modes
-from couplet.kvcache import MODES
+from couplet.kvcache import MODE_INFO, MODES
 from couplet.text import CoupletInputError
 from couplet.tones import LEVEL, OBLIQUE, tone_class
 
@@ -67,14 +67,29 @@ def test_invalid_request_fields_fail_at_construction():
 
 def test_modes_advance_in_lockstep_on_the_same_seed(tiny_lm):
     modes = list(MODES)
-    updates = list(stream_modes(tiny_lm, CoupletRequest("春风", temperature=0.7, seed=5), modes))
-    assert len(updates) > 2
-    for update in updates[:-1]:
-        assert set(update) == set(modes)
-        assert len({p.record.step for p in update.values()}) == 1  # every mode at the same step
-    final = updates[-1]
-    assert all(p.result is not None for p in final.values())
-    assert final["full"].result.peak_bytes == final["full"].result.full_equivalent_bytes
+    rounds = list(stream_modes(tiny_lm, CoupletRequest("春风", temperature=0.7, seed=5), modes))
+    length = 7
+    assert len(rounds) == 2 * length + 1  # the prefill, then one round per character
+    for i, state in enumerate(rounds):
+        assert set(state.latest) == set(state.records) == set(modes)
+        for m in modes:
+            records, p = state.records[m], state.latest[m]
+            assert [r.step for r in records] == list(range(i + 1))  # each step exactly once, in order
+            assert records[-1] is p.record and p.record.mode == m
+            assert "".join(r.token for r in records) == p.upper + p.lower  # the records spell the text so far
+            for before, r in zip(records, records[1:], strict=False):  # a forward adds what it computed (<mid> too)
+                assert r.logical_length - before.logical_length == r.computed_tokens == \
+                    (0 if r.step == 2 * length else 2 if r.step == length else 1)
+            if MODE_INFO[m].lossless:  # lossless modes write full's couplet, step by step
+                assert (p.upper, p.lower) == (state.latest["full"].upper, state.latest["full"].lower)
+        assert state.done == (i == len(rounds) - 1) and (state.results == {}) == (i < len(rounds) - 1)
+    final = rounds[-1]
+    for m, r in final.results.items():
+        assert r.steps == final.records[m] and len(r.upper) == len(r.lower) == length
+        # its own decoding time: every step's, plus choosing the 横批 — not the other modes' time in between
+        assert sum(s.seconds for s in r.steps) <= r.seconds < sum(
+            sum(s.seconds for s in rr.steps) for rr in final.results.values()) + 5
+    assert final.results["full"].peak_bytes == final.results["full"].full_equivalent_bytes
 
 
 def test_a_half_read_stream_leaves_autograd_as_it_was(tiny_lm):

@@ -19,7 +19,7 @@ torch.set_num_threads(1)
 
 def add(pool: PrefixPool, key: bytes, nbytes: int = 100):
     t = torch.zeros(nbytes, dtype=torch.uint8)
-    return pool.insert(key, b"", (0,), ((t,),), [t])
+    return pool.insert(key, ((t,),), [t])
 
 
 def test_chain_keys_identify_the_whole_prefix() -> None:

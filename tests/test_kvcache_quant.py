@@ -61,7 +61,7 @@ def test_store_bytes_are_the_real_storage(bits: int, per_token: int, residual: i
     held = store.tensors()
     assert store.nbytes() == storage_bytes(held) == sum(t.numel() * t.element_size() for t in held)
     assert store.nbytes() == (20 - residual) * 2 * 2 * per_token + residual * 2 * 2 * 32 * 2
-    assert store.n_tail == residual and store.length == 20
+    assert store.residual_len == residual and store.length == 20
     k, _ = store.kv()
     if residual:  # the most recent tokens are exact
         assert torch.equal(k[:, :, -residual:], tokens[:, :, -residual:])
@@ -71,16 +71,16 @@ def test_store_returns_new_tokens_at_full_precision() -> None:
     store = QuantStore(4, None, residual=0)
     x = torch.randn(1, 2, 5, 8)
     k, v = store.update(x, x)
-    assert torch.equal(k, x) and store.n_tail == 5  # quantized after the forward that used them
+    assert torch.equal(k, x) and store.residual_len == 5  # quantized after the forward that used them
     QuantStore.flush_all([store])
-    assert store.n_tail == 0 and store.length == 5
+    assert store.residual_len == 0 and store.length == 5
     y = torch.randn(1, 2, 1, 8)
     k, _ = store.update(y, y)
     assert torch.equal(k[:, :, -1:], y) and not torch.equal(k[:, :, :5], x)  # old rows come back dequantized
     other = QuantStore(4, None, residual=0)
     other.update(x, x)
     other.update(y, y)  # nobody flushed in between: the store catches up itself
-    assert other.n_tail == 1 and other.n_quantized == 5
+    assert other.residual_len == 1 and other.n_quantized == 5
 
 
 def test_flushing_all_layers_at_once_equals_one_by_one() -> None:
@@ -104,10 +104,10 @@ def test_per_channel_keys_group_tokens() -> None:
     store.update(x, x)
     QuantStore.flush_all([store])
     assert store.kq is not None and store.kq.scale.shape == (1, 2, 8, 2)  # (batch, heads, channels, groups)
-    assert store.n_tail == 2 and store.length == 10  # 8 quantized in two groups, 1 open + 1 residual
+    assert store.residual_len == 2 and store.length == 10  # 8 quantized in two groups, 1 open + 1 residual
     k, _ = store.kv()
     step = store.kq.scale.float().repeat_interleave(4, dim=-1).transpose(-1, -2)  # (1, 2, 8 tokens, 8)
     assert ((k[:, :, :8] - x[:, :, :8]).abs() <= step / 2 * (1 + 1e-5) + 1e-7).all()
     assert torch.equal(k[:, :, 8:], x[:, :, 8:])
     with pytest.raises(ValueError, match="key_axis='token'"):
-        store.gather(torch.zeros(1, 2, 3, dtype=torch.long), tail_pinned=True)
+        store.gather(torch.zeros(1, 2, 3, dtype=torch.long), keep_residual=True)

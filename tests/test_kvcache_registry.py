@@ -6,25 +6,40 @@ import dataclasses
 
 import pytest
 
-from couplet.kvcache import MODE_INFO, MODES, make_mode, option_names
+from couplet.kvcache import MODE_INFO, MODES, Retention, make_mode, option_names, parse_modes
 
 
-def test_registry_lists_the_seven_modes_with_chinese_labels() -> None:
-    assert list(MODES) == ["full", "window", "selective", "int8", "int4", "shared", "combo"]
-    assert set(MODE_INFO) == set(MODES)
+def test_the_registry_is_the_single_source() -> None:
+    assert set(MODE_INFO) == set(MODES) and list(MODES)[0] == "full"
     assert MODE_INFO["window"].label_zh == "滑动窗口" and MODE_INFO["int4"].label_zh == "INT4 量化"
-    for name, cls in MODES.items():
+    colors = [info.color for info in MODE_INFO.values()]
+    assert len(set(colors)) == len(colors) and all(c.startswith("#") and len(c) == 7 for c in colors)
+    for name, info in MODE_INFO.items():
         policy = make_mode(name)
-        assert dataclasses.is_dataclass(policy) and type(policy) is cls
+        assert dataclasses.is_dataclass(policy) and type(policy) is info.policy is MODES[name]
         assert policy.describe().startswith(f"{name}: ")
+        assert info.label_zh and info.summary_zh and 0 < info.byte_target <= 1.0
+        assert info.lossless == (info.byte_target == 1.0)  # a lossless mode here saves no bytes on its own
+        if info.knob is not None:  # every sweep value is a valid knob setting
+            assert info.knob in option_names(name) and info.sweep
+            for value in info.sweep:
+                make_mode(name, **{info.knob: value})
+        parts = policy.compose()
+        assert (parts.retention is not None) == isinstance(policy, Retention) or name == "combo"
     described = make_mode("selective", ratio=0.25).describe()
     assert described == "selective: ratio=0.25, sinks=0, recent=4, floor=4, decay=0.0, keep_prompt=False"
 
 
 def test_unknown_mode_lists_valid_names() -> None:
-    valid = "full, window, selective, int8, int4, shared, combo"
-    with pytest.raises(ValueError, match=f"unknown mode 'h2o'; valid modes: {valid}"):
+    valid = ", ".join(MODES)
+    with pytest.raises(ValueError, match=f"unknown mode 'h2o'; valid modes: {valid}$"):
         make_mode("h2o")
+    with pytest.raises(ValueError, match=f"unknown mode 'h2o'; valid modes: {valid} \\(or all\\)"):
+        parse_modes("full, h2o")
+    assert parse_modes(" int4,full ") == ["int4", "full"] and parse_modes("all") == list(MODES)
+    assert parse_modes(["combo"]) == ["combo"]
+    with pytest.raises(ValueError, match="unknown mode 'all'"):
+        parse_modes("all", allow_all=False)
 
 
 def test_unknown_option_lists_the_mode_options() -> None:

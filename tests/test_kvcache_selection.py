@@ -7,9 +7,10 @@ import pytest
 import torch
 from conftest import build_tiny_lm
 
-from couplet.kvcache import couplet_protection, make_mode
+from couplet.kvcache import ScoreView, make_mode
 from couplet.kvcache.attention import attention_scores, install_attention
-from couplet.kvcache.retention import keep_counts, plan
+from couplet.kvcache.retention import RowState, keep_counts, plan
+from couplet.placement import couplet_protection
 
 torch.set_num_threads(1)
 
@@ -17,9 +18,9 @@ PROMPT = [1, 7, 12, 30, 5, 44, 9, 3]
 
 
 def kept_positions(session, layer: int = 0) -> list[list[int]]:
-    """Per KV head of row 0, the logical positions stored (sorted)."""
-    pos = session.cache.layers[layer].pos[0]
-    return [sorted(p for p in head.tolist() if p >= 0) for head in pos]
+    """Per KV head of row 0, the logical positions stored (sorted), real slots only."""
+    pos, valid = session.cache.layers[layer].pos[0], session.rows[0].valid
+    return [sorted(p for p, ok in zip(head.tolist(), valid, strict=True) if ok) for head in pos]
 
 
 def test_window_keeps_sinks_and_last_tokens(tiny_llama) -> None:
@@ -64,14 +65,18 @@ def test_selective_keeps_top_scored_per_head_and_protected() -> None:
                            [0.0, 0.7, 0.1, 0.6, 0.2, 0.05, 0.9, 0.01, 0.02, 0.0]]]])  # (layers, batch, heads, slots)
     acc = mean * (n - torch.arange(n, dtype=torch.float32))
     pos = torch.arange(n, dtype=torch.int32).expand(1, 1, 2, n)
-    keep = keep_counts(policy, [n], [n], 0, [n], [0])
+    keep = keep_counts(policy, [RowState(seen=n, prompt=n, valid=[True] * n)], 0, 0)
     assert keep == [5]
-    index, filler = plan(pos, acc, 0, policy, keep, torch.tensor([n]), torch.tensor([1]), None)
+    view, valid = ScoreView(pos, acc, torch.tensor(float(n)).view(1, 1, 1, 1)), torch.ones(1, n, dtype=torch.bool)
+    index = plan(policy, view, valid, 0, keep, torch.tensor([1]), None)
     kept = [sorted(index[0, 0, h].tolist()) for h in range(2)]
     assert kept == [[0, 2, 4, 6, 9], [0, 1, 3, 6, 9]]  # sink 0, recent 9, then the top 3 of each head
-    assert not filler.any()
+    valid[0, 4] = False  # a slot holding no token is never kept over a real one
+    assert [sorted(plan(policy, view, valid, 0, keep, torch.tensor([1]), None)[0, 0, h].tolist())
+            for h in range(2)] == [[0, 2, 3, 6, 9], [0, 1, 3, 6, 9]]
+    valid[0, 4] = True
     protected = torch.tensor([[7, 8]])  # low scores, but protected: they outrank every unprotected token
-    index, _ = plan(pos, acc, 0, policy, keep, torch.tensor([n]), torch.tensor([1]), protected)
+    index = plan(policy, view, valid, 0, keep, torch.tensor([1]), protected)
     assert [sorted(index[0, 0, h].tolist()) for h in range(2)] == [[0, 2, 7, 8, 9], [0, 6, 7, 8, 9]]
 
 
@@ -97,7 +102,7 @@ def test_decayed_scores_weigh_recent_attention(tiny_llama) -> None:
     policy = make_mode("selective", decay=0.5)
     pos = torch.tensor([[[[0, 1]]]], dtype=torch.int32)
     acc = torch.tensor([[[[1.0 + 0.5 + 0.25, 1.0 + 0.5]]]])  # attention 1.0 at every step each was visible
-    assert torch.allclose(policy.score(pos, acc, torch.tensor(3.0)), torch.tensor([[[[1.0, 1.0]]]]))
+    assert torch.allclose(policy.score(ScoreView(pos, acc, torch.tensor(3.0))), torch.tensor([[[[1.0, 1.0]]]]))
     with pytest.raises(ValueError, match=r"decay must be a number in \[0, 1\], got 1.5"):
         make_mode("selective", decay=1.5)
 

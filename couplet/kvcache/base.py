@@ -1,18 +1,72 @@
-"""The base of every mode policy: a small dataclass whose fields are its knobs, validated at construction."""
+"""A mode is a composition: a storage format × a retention policy × a sharing policy.
+
+Every mode is a small dataclass whose fields are its knobs, validated at construction. `compose()` says
+what it is made of; one factory, `build_session`, builds the session for any composition:
+
+    storage      full precision (`PlainStorage`) | int8 / int4 (`QuantizedPolicy`, `quantized.py`)
+    retention    none | window | selective | snapkv | …  (`Retention` subclasses: knobs and one `score`)
+    sharing      none | the prefix pool (`SharedPolicy`, `shared.py`)
+
+`full` is (plain, none, none), `int4` (int4, none, none), `selective` (plain, selective, none), `combo`
+(int4, selective keeping the prompt, prefix pool). A policy that is one of the three parts is a mode on
+its own: its `compose()` fills the other two with "plain" and "none".
+"""
 
 from __future__ import annotations
 
-from dataclasses import fields
-from typing import Any, ClassVar
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from couplet.kvcache.attention import install_attention
+from couplet.kvcache.layer import CompressedCache, FullCache, attention_layers
 from couplet.kvcache.pool import PrefixPool
-from couplet.kvcache.session import ModeSession
+from couplet.kvcache.storage import BlockCodec, PlainCodec, PlainStore, Store
+
+if TYPE_CHECKING:
+    from couplet.kvcache.retention import Retention
+    from couplet.kvcache.session import ModeSession
+    from couplet.kvcache.sharing import Sharing
+
+
+class Storage(Protocol):
+    """A storage format: the per-layer store of a request's own rows, and the pool blocks' codec."""
+
+    def make_store(self) -> Store: ...
+    def codec(self) -> BlockCodec: ...
+
+
+class SharingPolicy(Protocol):
+    def sharing(self, model: Any, pool: PrefixPool | None, codec: BlockCodec) -> Sharing: ...
+
+
+@dataclass(frozen=True)
+class PlainStorage:
+    """Keys and values at the model's dtype."""
+
+    def make_store(self) -> PlainStore:
+        return PlainStore()
+
+    def codec(self) -> PlainCodec:
+        return PlainCodec()
+
+
+PLAIN = PlainStorage()
+
+
+@dataclass(frozen=True)
+class Composition:
+    storage: Storage = PLAIN
+    retention: Retention | None = None
+    sharing: SharingPolicy | None = None
 
 
 class Policy:
-    """A compression mode's configuration. Subclasses are `@dataclass`es; `new_session` builds the cache."""
+    """A mode's configuration. Subclasses are `@dataclass`es with a `name` and a `compose()`."""
 
     name: ClassVar[str]
+
+    def compose(self) -> Composition:
+        raise NotImplementedError
 
     def describe(self) -> str:
         """One-line summary of the knobs, for logs: `selective: ratio=0.5, sinks=0, recent=4, floor=4, …`."""
@@ -20,7 +74,24 @@ class Policy:
         return f"{self.name}: {knobs}" if knobs else f"{self.name}: no knobs"
 
     def new_session(self, model: Any, pool: PrefixPool | None = None) -> ModeSession:
-        raise NotImplementedError
+        return build_session(self.name, self.compose(), model, pool)
+
+
+def build_session(name: str, parts: Composition, model: Any, pool: PrefixPool | None = None) -> ModeSession:
+    """The session for any composition. Plain storage with nothing else is transformers' DynamicCache itself
+    (the baseline every other mode is measured against); anything else is a `CompressedCache`."""
+    from couplet.kvcache.session import ModeSession
+
+    install_attention(model)
+    retention = parts.retention
+    if isinstance(parts.storage, PlainStorage) and retention is None and parts.sharing is None:
+        return ModeSession(name, model, FullCache(config=model.config))
+    cache = CompressedCache(attention_layers(model), parts.storage.make_store,
+                            wants_scores=retention is not None and retention.uses_attention,
+                            track_positions=retention is not None,
+                            score_decay=1.0 if retention is None else retention.score_decay)
+    sharing = None if parts.sharing is None else parts.sharing.sharing(model, pool, parts.storage.codec())
+    return ModeSession(name, model, cache, retention=retention, sharing=sharing)
 
 
 def check_int(name: str, value: object, low: int, high: int | None = None) -> None:
@@ -44,3 +115,8 @@ def check_ratio(value: object) -> None:
 def check_choice(name: str, value: object, valid: tuple) -> None:
     if value not in valid:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, valid))}; got {value!r}")
+
+
+def check_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")

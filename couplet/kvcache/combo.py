@@ -1,16 +1,16 @@
 """`combo`: the staged combination — prompt shared through the pool and quantized; generated tokens
 kept selectively (with the sinks + recent window as a safety net) and stored quantized.
 
-It composes the other policies rather than copying them: a `SharedPolicy` for the pool, an
-`Int8Policy`/`Int4Policy` for the storage format (the same per-token rows in pool blocks and in the
-request's own store, so eviction is a gather of quantized rows), and a `SelectivePolicy` for retention.
+A composition of the other modes' parts, with no wiring of its own: an `Int8Policy`/`Int4Policy` storage
+format (the same per-token rows in pool blocks and in the request's own store, so eviction is a gather of
+quantized rows), a `SelectivePolicy` retention keeping the prompt, and a `SharedPolicy` for the pool.
 
 Budget: `ratio` of the tokens seen, counted over everything the request attends to, prompt included.
 The prompt is kept whole, wherever it lives (pool blocks are shared and immutable; the part not in a
 full block is kept too, so results do not depend on the pool's state); generated tokens compete for the
 rest, with the sinks + `recent` window always kept. The prompt's whole blocks are always attended as the
 pool stores them (dequantized), on a miss too: the session computes missing blocks one at a time against
-the pooled blocks before them (`ModeSession._complete_chain`), so cold and warm pools give the same bits.
+the pooled blocks before them (`sharing.Sharing._complete_chain`), so cold and warm pools give the same bits.
 
 Defaults, for the embedded model (256 B per uncompressed token per layer; an int4 row costs 72 B): a
 21-token couplet with a 6-token prompt keeps 11 tokens, one of them at full precision,
@@ -21,14 +21,11 @@ Defaults, for the embedded model (256 B per uncompressed token per layer; an int
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from couplet.kvcache.attention import install_attention
-from couplet.kvcache.base import Policy, check_choice
-from couplet.kvcache.pool import PrefixPool
-from couplet.kvcache.quantized import Int4Policy, Int8Policy, QuantizedPolicy
+from couplet.kvcache.base import Composition, Policy, check_choice
+from couplet.kvcache.quantized import Int4Policy, Int8Policy
 from couplet.kvcache.selective import SelectivePolicy
-from couplet.kvcache.session import ModeSession
 from couplet.kvcache.shared import SharedPolicy
 
 
@@ -52,14 +49,12 @@ class ComboPolicy(Policy):
 
     def __post_init__(self) -> None:
         check_choice("bits", self.bits, (8, 4))
-        self.selection = SelectivePolicy(self.ratio, self.sinks, self.recent, self.floor, self.decay,
-                                         keep_prompt=True)
-        storage_cls = Int8Policy if self.bits == 8 else Int4Policy
-        self.storage: QuantizedPolicy = storage_cls(residual=self.residual, group_size=self.group_size)
-        self.sharing_policy = SharedPolicy(self.block_size)
+        storage = Int8Policy if self.bits == 8 else Int4Policy
+        self._parts = Composition(  # built here, so that invalid knobs fail at construction
+            storage=storage(residual=self.residual, group_size=self.group_size),
+            retention=SelectivePolicy(ratio=self.ratio, sinks=self.sinks, recent=self.recent, floor=self.floor,
+                                      decay=self.decay, keep_prompt=True),
+            sharing=SharedPolicy(self.block_size))
 
-    def new_session(self, model: Any, pool: PrefixPool | None = None) -> ModeSession:
-        install_attention(model)
-        cache = self.selection.make_cache(model, self.storage.make_store)
-        sharing = self.sharing_policy.sharing(model, pool, self.storage.codec())
-        return ModeSession(self.name, model, cache, retention=self.selection, sharing=sharing)
+    def compose(self) -> Composition:
+        return self._parts

@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from couplet.kvcache.attention import install_attention
-from couplet.kvcache.base import Policy
-from couplet.kvcache.layer import FullCache
-from couplet.kvcache.pool import PrefixPool
-from couplet.kvcache.session import ModeSession
+from couplet.kvcache.base import Composition, Policy
 
 
 @dataclass
@@ -18,6 +14,5 @@ class FullPolicy(Policy):
 
     name: ClassVar[str] = "full"
 
-    def new_session(self, model: Any, pool: PrefixPool | None = None) -> ModeSession:
-        install_attention(model)
-        return ModeSession(self.name, model, FullCache(config=model.config))
+    def compose(self) -> Composition:
+        return Composition()

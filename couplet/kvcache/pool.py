@@ -28,8 +28,6 @@ class Block:
     """One immutable block: `payload[layer]` is the codec's tuple for that layer, (kv_heads, block_size, ·)."""
 
     key: bytes
-    parent: bytes
-    tokens: tuple[int, ...]
     payload: tuple[tuple, ...] = field(repr=False)
     nbytes: int
     refs: int = 0
@@ -70,16 +68,6 @@ class PrefixPool:
     def __len__(self) -> int:
         return len(self._blocks)
 
-    def __contains__(self, key: bytes) -> bool:
-        return key in self._blocks
-
-    def get(self, key: bytes) -> Block | None:
-        return self._blocks.get(key)
-
-    def refcount(self, key: bytes) -> int:
-        block = self._blocks.get(key)
-        return 0 if block is None else block.refs
-
     def total_refs(self) -> int:
         with self._lock:
             return sum(b.refs for b in self._blocks.values())
@@ -107,8 +95,7 @@ class PrefixPool:
                 self._ref(block)
             return block
 
-    def insert(self, key: bytes, parent: bytes, tokens: tuple[int, ...], payload: tuple[tuple, ...],
-               tensors: list[torch.Tensor]) -> Block | None:
+    def insert(self, key: bytes, payload: tuple[tuple, ...], tensors: list[torch.Tensor]) -> Block | None:
         """Add a block (or find the one already there) and reference it; None if the budget has no room
         even after evicting every unreferenced block (the caller then keeps its rows private)."""
         with self._lock:
@@ -118,7 +105,7 @@ class PrefixPool:
                 if not self._make_room(size):
                     self.rejected += 1
                     return None
-                block = Block(key, parent, tokens, payload, size)
+                block = Block(key, payload, size)
                 self._blocks[key] = block
                 self.nbytes += size
             self._ref(block)
@@ -158,11 +145,6 @@ class PrefixPool:
         self.nbytes -= block.nbytes
         self.evictions += 1
 
-    def stats(self) -> dict[str, int]:
-        with self._lock:
-            return {"blocks": len(self._blocks), "bytes": self.nbytes, "max_bytes": self.max_bytes,
-                    "referenced": len(self._blocks) - len(self._free), "refs": self.total_refs(),
-                    "hits": self.hits, "misses": self.misses, "evictions": self.evictions, "rejected": self.rejected}
 
 
 _DEFAULT_POOL: PrefixPool | None = None

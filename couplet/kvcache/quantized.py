@@ -20,13 +20,9 @@ one uncompressed token costs 2 (K, V) x 2 heads x 32 x 2 B = 256 B per layer, a 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from couplet.kvcache.attention import install_attention
-from couplet.kvcache.base import Policy, check_choice, check_int
-from couplet.kvcache.layer import CompressedCache, attention_layers
-from couplet.kvcache.pool import PrefixPool
-from couplet.kvcache.session import ModeSession
+from couplet.kvcache.base import Composition, Policy, check_bool, check_choice, check_int
 from couplet.kvcache.storage import QuantCodec, QuantStore
 
 KEY_AXES = ("token", "channel")
@@ -58,8 +54,10 @@ class QuantizedPolicy(Policy):
         check_int("key_group", self.key_group, 2 if self.bits == 4 else 1)
         if self.bits == 4 and self.key_group % 2:
             raise ValueError(f"key_group must be even for int4, got {self.key_group}")
-        if not isinstance(self.symmetric, bool):
-            raise ValueError(f"symmetric must be True or False, got {self.symmetric!r}")
+        check_bool("symmetric", self.symmetric)
+
+    def compose(self) -> Composition:
+        return Composition(storage=self)
 
     def make_store(self) -> QuantStore:
         return QuantStore(self.bits, self.group_size, self.residual, self.symmetric, self.key_axis, self.key_group)
@@ -67,11 +65,6 @@ class QuantizedPolicy(Policy):
     def codec(self) -> QuantCodec:
         """The same per-token row format, for immutable pool blocks (`combo`)."""
         return QuantCodec(self.bits, self.group_size, self.symmetric)
-
-    def new_session(self, model: Any, pool: PrefixPool | None = None) -> ModeSession:
-        install_attention(model)
-        return ModeSession(self.name, model, CompressedCache(attention_layers(model), self.make_store,
-                                                                    track_positions=False))
 
 
 @dataclass

@@ -1,6 +1,6 @@
-"""Selection: which owned slots survive an eviction. A scoring policy writes only `score()`; the budget,
-the safety net (sinks + recent window, optionally the whole prompt), protected positions, the per-row
-top-k and the gather live here.
+"""Retention: which owned slots survive an eviction. A retention policy is a small dataclass — its knobs and
+one `score()`; the budget, its validation, the safety net (sinks + recent window, optionally the whole
+prompt), protected positions, the per-row top-k and the gather live here, once.
 
 Per row (sequence) of a batch, with `seen` real tokens so far and, when the generation loop knows it,
 `expected` = the row's whole logical length at the end of the request (`ModeSession.expect`):
@@ -9,33 +9,90 @@ Per row (sequence) of a batch, with `seen` real tokens so far and, when the gene
                  = min(seen, max(floor, sinks + recent, ceil(ratio * seen)))       without (streaming)
 counts every token the row attends to, shared prefix included. With the hint the budget is a fixed
 per-request cap, as in H2O and StreamingLLM: nothing is evicted until the cache is full, and the peak is
-`ratio` of the full cache's peak. Without it the cache shrinks from the first step, which at couplet
-lengths (~20 tokens) throws away half of the prompt before the first character is written.
-Candidates are the row's valid owned slots outside the store's pinned tail (its full-precision residual).
-Their keep order is a tier, then the score in [0, 1]: tier 3 = sinks (position < sinks; < prompt length if
-`keep_prompt`) and the recent window (position >= seen - recent), tier 2 = protected positions, tier 1 = the
-rest; padding and filler are never candidates. Each (row, head) keeps its top `keep[row]` candidates, sorted
-by position, then filler slots up to the longest row (so every head and every layer has the same slot count
-and the same filler slots), then the tail. One plan covers all layers at once; each layer's scores choose its
-own slots.
+`ratio` of the full cache's peak. Without it the cache shrinks from the first step. A policy may override
+`budget` (SnapKV spends the whole cut on the prompt, at once).
+Candidates are the row's valid owned slots outside the store's residual (its full-precision tail, kept in
+place). Their keep order is a tier, then the score in [0, 1]: tier 3 = forced (position below the row's
+`forced_below`: the sinks, or the whole prompt with `keep_prompt`; and the recent window, position >= seen -
+recent), tier 2 = protected positions, tier 1 = the rest; padding and filler are never candidates. Each
+(row, head) keeps its top `keep[row]` candidates, sorted by position, then filler slots up to the longest
+row (so every head and every layer has the same slot count and the same filler slots), then the residual.
+One plan covers all layers at once; each layer's scores choose its own slots.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
+from couplet.kvcache.base import Composition, check_bool, check_int, check_ratio
+
+if TYPE_CHECKING:
+    from couplet.kvcache.layer import CompressedCache
+
+
+@dataclass
+class ScoreView:
+    """What a scorer sees, for every owned slot of every layer at once — what kvpress's scorers see.
+    Keys and values are materialised only if a scorer reads them."""
+
+    pos: torch.Tensor  # (layers, batch, kv_heads, slots) int32 logical positions (filler slots: any value)
+    attention: torch.Tensor | None  # same shape, float32 attention received (policies with uses_attention)
+    seen: torch.Tensor  # (1, batch, 1, 1) float32 tokens seen per row
+    cache: CompressedCache | None = field(default=None, repr=False)  # for keys/values, read lazily
+
+    @cached_property
+    def _kv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.cache is not None, "this view was made without a cache: no keys or values"
+        own = [layer.store.kv() for layer in self.cache.compressed]
+        keys = torch.stack([kv[0] for kv in own if kv is not None])
+        return keys, torch.stack([kv[1] for kv in own if kv is not None])
+
+    @property
+    def keys(self) -> torch.Tensor:
+        """(layers, batch, kv_heads, slots, head_dim) at full precision (a transient copy if quantized)."""
+        return self._kv[0]
+
+    @property
+    def values(self) -> torch.Tensor:
+        return self._kv[1]
+
 
 class Retention:
-    """Mixin for dataclass policies with `ratio`, `sinks`, `floor` (and optionally `recent`) fields."""
+    """Base of retention policies (mixed into `@dataclass` policies with `ratio`, `sinks`, `floor` fields and
+    optionally `recent`, `keep_prompt`). Subclasses write `score`; the knobs are validated here, once."""
 
     ratio: float
     sinks: int
     floor: int
     recent: int = 0
     keep_prompt: bool = False
+    uses_attention: ClassVar[bool] = False  # record attention received per slot (`ScoreView.attention`)
+    prefill_only: ClassVar[bool] = False  # evict once, after the first forward (the prompt), then never again
+
+    def __post_init__(self) -> None:
+        check_ratio(self.ratio)
+        check_int("sinks", self.sinks, 0)
+        check_int("floor", self.floor, 1)
+        check_int("recent", self.recent, 0)
+        check_bool("keep_prompt", self.keep_prompt)
+
+    @property
+    def observe(self) -> int | None:
+        """Record the attention of only the last `observe` queries of each forward (None: all of them)."""
+        return None
+
+    @property
+    def score_decay(self) -> float:
+        """How the recorded attention accumulates across forwards (`SlotMeta.decay`): 1.0 sums."""
+        return 1.0
+
+    def compose(self) -> Composition:
+        return Composition(retention=self)
 
     def budget(self, seen: int, expected: int | None = None) -> int:
         """Tokens a row that has seen `seen` tokens may keep (prefix included); `expected`: the row's
@@ -45,65 +102,92 @@ class Retention:
         span = seen if expected is None else max(expected, 1)
         return min(seen, max(self.floor, self.sinks + self.recent, math.ceil(self.ratio * span)))
 
-    def score(self, pos: torch.Tensor, acc: torch.Tensor | None, seen: torch.Tensor) -> torch.Tensor:
-        """Keep priority in [0, 1] (higher is kept) of every owned slot.
-
-        pos (layers, batch, kv_heads, slots) int32 logical positions (-1: none); acc the same shape, attention
-        received so far (None unless the policy records attention); seen (1, batch, 1, 1) float tokens seen.
-        """
+    def score(self, view: ScoreView) -> torch.Tensor:
+        """Keep priority in [0, 1] (higher is kept) of every owned slot: (layers, batch, kv_heads, slots)."""
         raise NotImplementedError
 
 
-def keep_counts(retention: Retention, seen: Sequence[int], prompt: Sequence[int], prefix_len: int,
-                cand_valid: Sequence[int], tail_valid: Sequence[int],
-                expected: Sequence[int | None] | None = None) -> list[int]:
-    """Per row, how many candidate slots to keep: the budget left after the prefix and the tail, but never
+@dataclass
+class RowState:
+    """One sequence of a session's batch: everything kept per row, once."""
+
+    seen: int = 0  # real tokens so far: the next logical position
+    prompt: int = 0  # real tokens of the first forward
+    valid: list[bool] = field(default_factory=list)  # per owned slot: holds a real token (not padding/filler)
+    protected: list[int] = field(default_factory=list)  # logical positions to keep (`ModeSession.protect`)
+    expected: int | None = None  # the whole logical length at the end of the request, if the caller said
+
+
+def keep_counts(retention: Retention, rows: list[RowState], prefix_len: int, residual: int) -> list[int]:
+    """Per row, how many candidate slots to keep: the budget left after the prefix and the residual, but never
     fewer than the forced ones (sinks, the whole prompt if `keep_prompt`, the recent window) — the safety
     net holds even when a shared prefix has used up the budget."""
     out = []
-    expected = expected if expected is not None else [None] * len(seen)
-    for n, p, cv, tv, e in zip(seen, prompt, cand_valid, tail_valid, expected, strict=True):
-        head = min(n, max(retention.sinks, p if retention.keep_prompt else 0))
-        forced = set(range(head)) | set(range(max(0, n - retention.recent), n))
-        n_forced = sum(1 for pos in forced if prefix_len <= pos < n - tv)
-        out.append(min(cv, max(retention.budget(n, e) - prefix_len - tv, n_forced)))
+    for row in rows:
+        owned = len(row.valid)
+        cand_valid, tail_valid = sum(row.valid[: owned - residual]), sum(row.valid[owned - residual:])
+        n = row.seen
+        forced = set(range(forced_below(retention, row))) | set(range(max(0, n - retention.recent), n))
+        n_forced = sum(1 for p in forced if prefix_len <= p < n - tail_valid)
+        out.append(min(cand_valid, max(retention.budget(n, row.expected) - prefix_len - tail_valid, n_forced)))
     return out
 
 
-def protected_mask(pos: torch.Tensor, protected: torch.Tensor | None) -> torch.Tensor:
-    """pos (layers, batch, heads, slots), protected (batch, k) logical positions (-2 pads) -> same-shape bool."""
-    if protected is None or protected.shape[-1] == 0:
-        return torch.zeros_like(pos, dtype=torch.bool)
-    return (pos[..., None] == protected.view(protected.shape[0], 1, 1, -1)).any(-1)  # (…, slots, k) -> any
+def forced_below(retention: Retention, row: RowState) -> int:
+    """Positions below this are always kept: the sinks, or the whole prompt with `keep_prompt`."""
+    return min(row.seen, max(retention.sinks, row.prompt if retention.keep_prompt else 0))
 
 
-def plan(pos: torch.Tensor, acc: torch.Tensor | None, tail: int, retention: Retention, keep: list[int],
-         seen: torch.Tensor, head: torch.Tensor, protected: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Which owned slots every layer keeps: index (layers, batch, kv_heads, kept) and filler (batch, kept).
+def evict(retention: Retention, cache: CompressedCache, rows: list[RowState], prefix_len: int) -> None:
+    """Shrink every row to its budget, the same way in every layer (equal physical lengths)."""
+    residual = cache.compressed[0].store.residual_len
+    owned = len(rows[0].valid)
+    keep = keep_counts(retention, rows, prefix_len, residual)
+    if all(k >= sum(r.valid[: owned - residual]) for k, r in zip(keep, rows, strict=True)):
+        return
+    dev = cache.meta.device
+    width = max(len(r.protected) for r in rows)
+    protected = torch.tensor([r.protected + [-2] * (width - len(r.protected)) for r in rows], device=dev) \
+        if width else None
+    per_row = torch.tensor([[r.seen, forced_below(retention, r)] for r in rows], device=dev)
+    valid = torch.tensor([r.valid for r in rows], dtype=torch.bool, device=dev)
+    assert cache.meta.pos is not None
+    view = ScoreView(cache.meta.pos, cache.meta.score, per_row[:, 0].float().view(1, -1, 1, 1), cache)
+    cache.evict(plan(retention, view, valid, residual, keep, per_row[:, 1], protected), keep_residual=True)
+    width = max(keep)
+    for k, row in zip(keep, rows, strict=True):
+        row.valid = [True] * k + [False] * (width - k) + row.valid[owned - residual:]
 
-    pos/acc (layers, batch, kv_heads, slots) as in `Retention.score`; the last `tail` slots are pinned;
-    keep[row] candidates kept per row; seen (batch,) tokens seen; head (batch,): positions below it are
-    forced (sinks, or the whole prompt); protected (batch, k) logical positions, -2 padded, or None.
+
+def plan(retention: Retention, view: ScoreView, valid: torch.Tensor, residual: int, keep: list[int],
+         forced_below: torch.Tensor, protected: torch.Tensor | None) -> torch.Tensor:
+    """Which owned slots every layer keeps: index (layers, batch, kv_heads, kept); rows keeping fewer than the
+    longest end with filler slots (the session marks them invalid).
+
+    valid (batch, slots) bool: real tokens; the last `residual` slots are kept in place; keep[row] candidates
+    kept per row; forced_below (batch,): positions below it are forced; protected (batch, k) logical
+    positions, -2 padded, or None.
     """
+    pos = view.pos
     n, b, h, s = pos.shape
-    cand = pos[..., : s - tail]  # (layers, batch, heads, candidates)
+    cand = pos[..., : s - residual]  # (layers, batch, heads, candidates)
     width = max(keep)
     dev = pos.device
-    seen4 = seen.view(1, b, 1, 1)
-    forced = (cand < head.view(1, b, 1, 1)) | (cand >= seen4 - retention.recent)
-    if protected is None or protected.shape[-1] == 0:
+    forced = (cand < forced_below.view(1, b, 1, 1)) | (cand >= view.seen - retention.recent)
+    if protected is None:
         tier = torch.where(forced, 3.0, 1.0)  # float32
     else:
-        tier = torch.where(forced, 3.0, torch.where(protected_mask(cand, protected), 2.0, 1.0))
-    score = retention.score(pos, acc, seen4.float())[..., : s - tail]
-    priority = (tier + 0.5 * score.clamp(0, 1)).masked_fill_(cand < 0, float("-inf"))
+        hit = (cand[..., None] == protected.view(b, 1, 1, -1)).any(-1)  # (…, slots, k) -> any
+        tier = torch.where(forced, 3.0, torch.where(hit, 2.0, 1.0))
+    score = retention.score(view)[..., : s - residual]
+    priority = (tier + 0.5 * score.clamp(0, 1)).masked_fill_(~valid[None, :, None, : s - residual], float("-inf"))
     top = priority.topk(width, dim=-1).indices  # (layers, batch, heads, width), best first
-    # (batch, width + tail): rows keeping fewer than `width` end with filler; built on the host in one go
-    filler = torch.tensor([[i >= k for i in range(width)] + [False] * tail for k in keep], dtype=torch.bool,
-                          device=dev)
-    order_key = cand.gather(3, top).masked_fill_(filler[None, :, None, :width], torch.iinfo(torch.int32).max)
+    # (batch, width): rows keeping fewer than `width` end with filler; built on the host in one go
+    filler = torch.tensor([[i >= k for i in range(width)] for k in keep], dtype=torch.bool, device=dev)
+    order_key = cand.gather(3, top).masked_fill_(filler[None, :, None, :], torch.iinfo(torch.int32).max)
     index = top.gather(3, order_key.argsort(dim=-1))  # kept sorted by position, filler last
-    if tail:
-        tail_idx = torch.arange(s - tail, s, device=dev).expand(n, b, h, tail)
-        index = torch.cat([index, tail_idx], dim=-1)
-    return index, filler
+    if residual:
+        index = torch.cat([index, torch.arange(s - residual, s, device=dev).expand(n, b, h, residual)], dim=-1)
+    return index
+
+

@@ -1,23 +1,21 @@
 """`shared`: the prompt's KV comes from the process-wide prefix pool (vLLM automatic prefix caching /
-SGLang RadixAttention); the request owns only its suffix."""
+SGLang RadixAttention); the request owns only its suffix. The protocol is `sharing.py`'s."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from couplet.kvcache.attention import install_attention
-from couplet.kvcache.base import Policy, check_int
-from couplet.kvcache.layer import CompressedCache, attention_layers
+from couplet.kvcache.base import Composition, Policy, check_int
 from couplet.kvcache.pool import PrefixPool, default_pool
-from couplet.kvcache.session import ModeSession, Sharing, model_namespace
-from couplet.kvcache.storage import BlockCodec, PlainCodec, PlainStore
+from couplet.kvcache.sharing import Sharing, model_namespace
+from couplet.kvcache.storage import BlockCodec
 
 
 @dataclass
 class SharedPolicy(Policy):
     """Prompt blocks of `block_size` tokens are looked up by hash chain on the first forward and referenced
-    (read-only) instead of recomputed; new full blocks are published for later requests. The default 8
+    (read-only) instead of recomputed; new whole blocks are published for later requests. The default 8
     suits the long prompt (`couplet.prompt`: a 301-token house prefix, then ~100 tokens of exemplars): 37
     whole blocks (296 tokens) of house prefix are shared by every visitor, so a visitor with other keywords
     computes ~29% of a 415-token prompt (16-token blocks, vLLM's default, would share 288 and leave 31%),
@@ -30,11 +28,9 @@ class SharedPolicy(Policy):
     def __post_init__(self) -> None:
         check_int("block_size", self.block_size, 1)
 
+    def compose(self) -> Composition:
+        return Composition(sharing=self)
+
     def sharing(self, model: Any, pool: PrefixPool | None, codec: BlockCodec) -> Sharing:
         return Sharing(pool if pool is not None else default_pool(), self.block_size, codec,
                        model_namespace(model, codec, self.block_size))
-
-    def new_session(self, model: Any, pool: PrefixPool | None = None) -> ModeSession:
-        install_attention(model)
-        cache = CompressedCache(attention_layers(model), PlainStore, track_positions=False)
-        return ModeSession(self.name, model, cache, sharing=self.sharing(model, pool, PlainCodec()))

@@ -56,7 +56,7 @@ class Store(Protocol):
     @property
     def length(self) -> int: ...  # slots held
     @property
-    def n_tail(self) -> int: ...  # trailing slots eviction must keep, in place (full-precision residual)
+    def residual_len(self) -> int: ...  # trailing full-precision slots (the residual), kept in place by eviction
     @property
     def can_gather(self) -> bool: ...
     def update(self, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor | None,
@@ -64,7 +64,7 @@ class Store(Protocol):
     def kv(self) -> tuple[torch.Tensor, torch.Tensor] | None: ...  # full-precision view of all slots
     def seal(self) -> None: ...  # store every slot in the compact format now (no residual)
     def load(self, rows: Any) -> None: ...  # fill an empty store with rows already in its format (`BlockCodec.batch`)
-    def gather(self, index: torch.Tensor, tail_pinned: bool) -> None: ...
+    def gather(self, index: torch.Tensor, keep_residual: bool) -> None: ...
     def tensors(self) -> list[torch.Tensor]: ...
     def nbytes(self) -> int: ...
 
@@ -72,7 +72,7 @@ class Store(Protocol):
 class PlainStore:
     """Full-precision rows; `update` is exactly DynamicLayer's concatenation."""
 
-    n_tail = 0
+    residual_len = 0
     can_gather = True
 
     def __init__(self) -> None:
@@ -110,7 +110,7 @@ class PlainStore:
             raise ValueError("load() fills an empty store")
         self.k, self.v = own(rows[0]), own(rows[1])
 
-    def gather(self, index: torch.Tensor, tail_pinned: bool = True) -> None:
+    def gather(self, index: torch.Tensor, keep_residual: bool = True) -> None:
         assert self.k is not None and self.v is not None
         self.k, self.v = take_rows(self.k, index), take_rows(self.v, index)
 
@@ -150,12 +150,12 @@ class QuantStore:
         return 0 if self.rows is None else self.rows.scale.shape[-2]
 
     @property
-    def n_tail(self) -> int:
+    def residual_len(self) -> int:
         return 0 if self.res is None else self.res.shape[-2]
 
     @property
     def length(self) -> int:
-        return self.n_quantized + self.n_tail
+        return self.n_quantized + self.residual_len
 
     @property
     def can_gather(self) -> bool:
@@ -219,7 +219,7 @@ class QuantStore:
 
     def overflow(self, keep: int | None = None) -> int:
         """Residual rows to quantize now: beyond `keep` (default `residual`), whole key groups per channel."""
-        n = self.n_tail - (self.residual if keep is None else keep)
+        n = self.residual_len - (self.residual if keep is None else keep)
         if self.key_axis == "channel":
             n = (n // self.key_group) * self.key_group
         return max(n, 0)
@@ -238,9 +238,9 @@ class QuantStore:
             for s in stores:
                 s._flush()
             return
-        head = stores[0]
+        first = stores[0]
         res = torch.stack([s.res for s in stores if s.res is not None])  # (layers, 2, b, h, r, head_dim)
-        rows = quantize(res[..., :n, :], head.bits, head.group, head.symmetric)  # (layers, 2, b, h, n, ·)
+        rows = quantize(res[..., :n, :], first.bits, first.group, first.symmetric)  # (layers, 2, b, h, n, ·)
         data, scale = rows.data.unbind(0), rows.scale.unbind(0)
         zero = [None] * len(stores) if rows.zero is None else rows.zero.unbind(0)
         left = None if n == res.shape[-2] else res[..., n:, :].unbind(0)
@@ -283,28 +283,28 @@ class QuantStore:
         new_rows = quantize(old, self.bits, self.group, self.symmetric)
         self.rows = new_rows if self.rows is None else cat_rows([self.rows, new_rows], dim=-2)
 
-    def gather(self, index: torch.Tensor, tail_pinned: bool = True) -> None:
+    def gather(self, index: torch.Tensor, keep_residual: bool = True) -> None:
         """Keep the slots `index` (batch, heads, kept) of [quantized rows, residual].
 
-        `tail_pinned`: the last `n_tail` entries of every index row are the residual slots in order (eviction
+        `keep_residual`: the last `residual_len` entries of every index row are the residual slots in order (eviction
         keeps the residual as it is), so only quantized rows are gathered — codes and scales, no re-quantizing.
-        Otherwise (re-layout) the last min(n_tail, kept) entries become the new residual and the rest are
+        Otherwise (re-layout) the last min(residual_len, kept) entries become the new residual and the rest are
         taken from all slots in quantized form (residual rows quantized on the way).
         """
         if not self.can_gather:
             raise ValueError("per-channel key groups cannot be gathered row by row; use key_axis='token'")
-        r, kept = self.n_tail, index.shape[-1]
-        if tail_pinned:
+        r, kept = self.residual_len, index.shape[-1]
+        if keep_residual:
             if self.rows is not None:
                 self.rows = gather_rows(self.rows, index[..., : kept - r])
             return
         r_new = min(r, kept)
-        head, tail = index[..., : kept - r_new], index[..., kept - r_new:]
+        to_quantized, to_residual = index[..., : kept - r_new], index[..., kept - r_new:]
         every = [q for q in (self.rows, None if self.res is None else quantize(self.res, self.bits, self.group,
                                                                                 self.symmetric)) if q is not None]
         full = self._stacked()
-        self.rows = gather_rows(cat_rows(every, dim=-2), head) if every else None
-        self.res = take_rows(full, tail) if r_new and full is not None else None
+        self.rows = gather_rows(cat_rows(every, dim=-2), to_quantized) if every else None
+        self.res = take_rows(full, to_residual) if r_new and full is not None else None
 
     def tensors(self) -> list[torch.Tensor]:
         out = [] if self.res is None else [self.res]

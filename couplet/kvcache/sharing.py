@@ -1,0 +1,228 @@
+"""The prefix-pool protocol of a session, in two calls: `attach` (the first forward's prompt: reference the
+blocks the pool holds, feed only the rest) and `publish` (after that forward: put the prompt's new whole
+blocks in the pool and reference them). As vLLM's automatic prefix caching and SGLang's RadixAttention:
+blocks of `block_size` tokens keyed by a hash chain (`pool.py`), immutable, reference-counted.
+
+A lossless codec (`shared`: full precision) publishes blocks from the prefill's own rows. A lossy codec
+(`combo`'s int4/int8 blocks) never does: a block's keys/values would depend on whether the tokens before it
+were attended at full precision (same forward) or dequantized (from the pool). So every missing block is
+first computed on its own against the blocks before it as the pool stores them (`_complete_chain`), then
+published, and the rest of the prompt runs against the pooled prefix — on a miss, a partial or a full hit
+alike, so results do not depend on the pool's state (bit for bit).
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from couplet.kvcache.attention import recording
+from couplet.kvcache.layer import CompressedCache
+from couplet.kvcache.pool import Block, PrefixPool, chain_keys
+from couplet.kvcache.storage import BlockCodec, PlainStore
+
+if TYPE_CHECKING:
+    from couplet.kvcache.session import ModeSession
+
+_MODEL_IDS = itertools.count()
+Flags = list[list[bool]] | None  # per row, per new token: real (True) or left padding; None = all real
+
+
+def model_namespace(model: Any, codec: BlockCodec, block_size: int) -> str:
+    """Pool namespace: this model instance (a process-unique id stamped on it), dtype, device, format."""
+    uid = getattr(model, "_couplet_kv_uid", None)
+    if uid is None:
+        uid = f"{type(model).__name__}-{next(_MODEL_IDS)}"
+        model._couplet_kv_uid = uid
+    p = next(model.parameters())
+    return f"{uid}|{p.dtype}|{p.device}|{codec.name}|bs{block_size}"
+
+
+class Sharing:
+    """One session's use of the prefix pool: blocks of `block_size` tokens in `codec`'s format."""
+
+    def __init__(self, pool: PrefixPool, block_size: int, codec: BlockCodec, namespace: str) -> None:
+        self.pool, self.block_size, self.codec, self.namespace = pool, block_size, codec, namespace
+        self.blocks: list[list[Block]] = []  # per row, the pool blocks referenced, in chain order
+        self._prompts: list[list[int]] = []  # per row, the real prompt tokens
+        self._keys: list[list[bytes]] = []  # and the chain keys of its whole blocks
+        self._loaded: list[list[int]] = []  # and the positions of pool blocks it holds as owned slots (lossy)
+        self._finalizer: weakref.finalize | None = None
+
+    def shared_bytes(self, row: int) -> int:
+        """This row's share of the pool blocks it references."""
+        return round(sum(blk.nbytes / blk.refs for blk in self.blocks[row] if blk.refs)) if self.blocks else 0
+
+    # ---- the two calls ----
+    def attach(self, s: ModeSession, input_ids: torch.Tensor, flags: Flags) -> tuple[torch.Tensor, Flags]:
+        """Reference the longest prefix of whole blocks every row finds in the pool; return what is left to feed.
+
+        Lossy codec: first complete each row's chain of blocks in the pool, so that every row's whole blocks
+        come from the pool whatever it held; rows whose chain goes beyond the common prefix hold those blocks
+        as private slots (`_load_private`): each row computes only its last, partial (or last whole) block,
+        exactly as on a warm pool."""
+        b, bs = s.batch, self.block_size
+        ids = input_ids.tolist()
+        real = flags if flags is not None else [[True] * len(row) for row in ids]
+        self._prompts = [[t for t, keep in zip(ids[r], real[r], strict=True) if keep] for r in range(b)]
+        self._keys = [chain_keys(self.namespace, p, bs) for p in self._prompts]
+        self._loaded = [[] for _ in range(b)]
+        self.blocks = [[] for _ in range(b)]
+        self._finalizer = weakref.finalize(s, _release_all, self.pool, self.blocks)  # released whatever happens
+        # Leave at least one token to compute: its logits are the first next-token distribution.
+        attach = [(len(prompt) - 1) // bs for prompt in self._prompts]
+        chains: list[list[tuple]] = []  # lossy: per row, every whole block's payload (pooled or private)
+        for r in range(b):
+            self.blocks[r].extend(self.pool.acquire_prefix(self._keys[r][: attach[r]]))
+            if not self.codec.lossless:
+                chains.append(self._complete_chain(s, r))
+        common = min(min(len(blocks), n) for blocks, n in zip(self.blocks, attach, strict=True))
+        extra = [chain[common:n] for chain, n in zip(chains, attach, strict=True)] if chains else []
+        self._keep_common(common)
+        m = common * bs
+        if m:
+            self._set_prefix(self._cache(s), m)
+            self._cache(s).meta.columns = m
+        for row in s.rows:
+            row.seen = m
+        if any(extra):
+            self._load_private(s, extra, m)
+        elif m == 0:
+            return input_ids, flags
+        rest = [p[row.seen:] for p, row in zip(self._prompts, s.rows, strict=True)]
+        width = max(len(r) for r in rest)
+        new_ids = torch.tensor([[0] * (width - len(r)) + r for r in rest], dtype=input_ids.dtype)
+        new_flags = [[False] * (width - len(r)) + [True] * len(r) for r in rest]
+        return new_ids, (None if all(all(f) for f in new_flags) else new_flags)
+
+    def publish(self, s: ModeSession, positions: list[list[int]]) -> None:
+        """After the first forward: reference the blocks every row has in the pool — lossless codec: inserting
+        this prompt's new whole blocks from the rows the prefill stored; lossy: only blocks `_complete_chain`
+        put there, so the pool never holds a block computed any other way —, drop those tokens from the owned
+        slots, and seal the rest of the prompt (the prompt is kept in the pool's format wherever it lives)."""
+        cache, bs = self._cache(s), self.block_size
+        own = [layer.store.kv() for layer in cache.compressed]  # (batch, kv_heads, slots, head_dim) each
+        got = []
+        for r in range(s.batch):
+            slot_of = {p: i for i, p in enumerate(positions[r]) if p >= 0}  # logical position -> slot
+            for j in range(len(self.blocks[r]), len(self._keys[r])):
+                if not self.codec.lossless:
+                    block = self.pool.reference(self._keys[r][j])
+                else:
+                    start = slot_of[j * bs]
+                    payload = tuple(self.codec.encode(k[r, :, start:start + bs], v[r, :, start:start + bs])
+                                    for k, v in (kv for kv in own if kv is not None))
+                    block = self._insert(r, j, payload)
+                if block is None:
+                    break
+                self.blocks[r].append(block)
+            got.append(len(self.blocks[r]))
+        common = min(got)
+        self._keep_common(common)
+        if common * bs != cache.prefix_len:
+            self._relayout(s, [self._loaded[r] + positions[r] for r in range(s.batch)], common * bs)
+        for layer in cache.compressed:
+            layer.store.seal()
+
+    def release(self) -> None:
+        """Drop every reference (idempotent); also done, as a last resort, when the session is collected."""
+        if self._finalizer is not None:
+            self._finalizer()
+
+    # ---- internals ----
+    @staticmethod
+    def _cache(s: ModeSession) -> CompressedCache:
+        assert isinstance(s.cache, CompressedCache), "sharing needs a CompressedCache"
+        return s.cache
+
+    def _insert(self, r: int, j: int, payload: tuple) -> Block | None:
+        tensors = [t for p in payload for t in self.codec.tensors(p)]
+        return self.pool.insert(self._keys[r][j], payload, tensors)
+
+    def _keep_common(self, common: int) -> None:
+        """Every row references the same number of blocks (one prefix length for the batch)."""
+        for row in self.blocks:
+            self.pool.release(row[common:])
+            del row[common:]  # in place: the finalizer holds these lists
+
+    def _complete_chain(self, s: ModeSession, r: int) -> list[tuple]:
+        """Lossy codec: make sure row `r`'s every whole prompt block is in the pool, computing the missing ones
+        canonically (`_compute_block`), and return the payloads of all of them in chain order. Once the pool
+        refuses one (byte budget), it and the blocks after it stay private to the request (same payloads).
+        Costs one forward of `block_size` tokens per block computed (misses only): a single forward over all
+        the missing blocks would make the pool's blocks depend on where the last hit ended."""
+        chain = [blk.payload for blk in self.blocks[r]]
+        pooled = True  # the chain is still unbroken in the pool
+        for j in range(len(chain), len(self._keys[r])):
+            block = self.pool.reference(self._keys[r][j]) if pooled else None
+            if block is None:
+                payload = self._compute_block(s, self._prompts[r][j * self.block_size:(j + 1) * self.block_size],
+                                              chain)
+                if pooled:
+                    block = self._insert(r, j, payload)
+                    pooled = block is not None
+            if block is not None:
+                self.blocks[r].append(block)
+                payload = block.payload  # another request may have inserted it first: the same values
+            chain.append(payload)
+        return chain
+
+    def _compute_block(self, s: ModeSession, tokens: list[int], chain: list[tuple]) -> tuple:
+        """One block's payload (per layer): `tokens` fed alone (batch 1) at logical positions len(chain) *
+        block_size onwards, attending to the blocks before it decoded from `chain` — exactly the forward a
+        request computes after a pool hit on those blocks, so both give the same bits."""
+        start = len(chain) * self.block_size
+        scratch = CompressedCache(self._cache(s).geometry, PlainStore, track_positions=False)
+        if chain:
+            for i, layer in enumerate(scratch.compressed):
+                layer.set_prefix([[payload[i] for payload in chain]], self.codec, start)
+        scratch.meta.columns = start
+        pos = torch.arange(start, start + len(tokens), dtype=torch.int32, device=s.device)[None]
+        scratch.begin(pos, None)
+        decoder = getattr(s.model, "base_model", s.model)  # the keys/values only: no LM head
+        with recording(None):
+            decoder(input_ids=torch.tensor([tokens], device=s.device), attention_mask=None,
+                    position_ids=pos.long(), cache=scratch, use_cache=True)
+        own = [layer.store.kv() for layer in scratch.compressed]
+        return tuple(self.codec.encode(kv[0][0], kv[1][0]) for kv in own if kv is not None)
+
+    def _load_private(self, s: ModeSession, extra: list[list[tuple]], m: int) -> None:
+        """Rows whose whole blocks go beyond the common prefix `m` hold them as owned slots, in the store's own
+        format (nothing re-quantized), right-aligned after filler; positions m, m + 1, ... per row."""
+        cache, bs = self._cache(s), self.block_size
+        counts = [len(e) * bs for e in extra]
+        width = max(counts)
+        self._loaded = [[-1] * (width - c) + list(range(m, m + c)) for c in counts]
+        rows = [self.codec.batch([[payload[i] for payload in e] for e in extra], width)
+                for i in range(len(cache.compressed))]
+        cache.load(rows, torch.tensor(self._loaded, dtype=torch.int32, device=s.device))
+        for row, c in zip(s.rows, counts, strict=True):
+            row.valid = [False] * (width - c) + [True] * c
+            row.seen = m + c
+
+    def _set_prefix(self, cache: CompressedCache, m: int) -> None:
+        for i, layer in enumerate(cache.compressed):
+            layer.set_prefix([[blk.payload[i] for blk in row] for row in self.blocks], self.codec, m)
+
+    def _relayout(self, s: ModeSession, positions: list[list[int]], m2: int) -> None:
+        """Owned slots become [filler, tokens at positions >= m2 in order] per row; [0, m2) is now the prefix.
+        `positions`: per row, the logical position of every owned slot now (-1: padding, filler).
+        (Slot order is free: every stored slot precedes every new query, and the mask is per slot.)"""
+        cache = self._cache(s)
+        keep = [[i for i, p in enumerate(positions[r]) if p >= m2] for r in range(s.batch)]
+        width = max(len(k) for k in keep)
+        index = torch.tensor([[0] * (width - len(k)) + k for k in keep], dtype=torch.long, device=s.device)
+        layers, heads = cache.geometry
+        cache.evict(index[None, :, None, :].expand(layers, s.batch, heads, width), keep_residual=False)
+        for row, k in zip(s.rows, keep, strict=True):
+            row.valid = [False] * (width - len(k)) + [True] * len(k)
+        self._set_prefix(cache, m2)
+
+
+def _release_all(pool: PrefixPool, blocks: list[list[Block]]) -> None:
+    for row in blocks:
+        pool.release(row)
+        row.clear()

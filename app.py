@@ -21,11 +21,12 @@ import torch
 
 from couplet.calendar import DEFAULT_YEAR, MAX_YEAR, MIN_YEAR, year_label
 from couplet.charts import kv_figure, memory_figure
+from couplet.engine import Engine, EngineBusy, EngineConfig
 from couplet.events import StepRecord
 from couplet.exemplars import load_store
 from couplet.gate import ASSETS_DIR, FONT_PATH, gate_css, render_gate
-from couplet.generate import CoupletRequest, stream_modes
-from couplet.kvcache import MODE_INFO, MODES, PrefixPool
+from couplet.generate import CoupletRequest
+from couplet.kvcache import MODE_INFO, MODES
 from couplet.model import LoadedModel, load_model
 from couplet.text import CoupletInputError
 from couplet.view import about_markdown, checks_html, mode_label, modes_table_html
@@ -41,14 +42,17 @@ except ImportError:
 EXAMPLES = ["龙马精神", "吉祥如意", "春风", "明月", "五福临门", "梅花", "平安", "国泰民安"]
 UPPER_EXAMPLES = ["春风送暖千家福", "瑞雪迎春到", "天增岁月人增寿", "万里江山添锦绣", "东风化雨山山翠"]
 QUEUE_SIZE = 64  # visitors waiting before the page says "busy"
-CONCURRENCY = 4  # requests decoding at once; each holds its own caches, the prefix pool is shared
+# Visitors whose handlers run at once. They do not compute: each hands its request (one per selected mode) to
+# the engine, whose one worker batches them (`couplet.engine`) and admits them by KV budget.
+CONCURRENCY = 16
+KV_BUDGET_MB = float(os.environ.get("COUPLET_KV_BUDGET_MB", "64"))
 # Intra-op threads per torch call. Decoding one character of a 6M-parameter model is far too small to split
 # across cores; with several threads per call, CONCURRENCY requests (or any other busy process) oversubscribe
 # the CPU and every step stalls (seven modes: 0.8 s with 1 thread, 12-15 s with 2 on a busy 2-core machine).
 TORCH_THREADS = int(os.environ.get("COUPLET_TORCH_THREADS", "1"))
 
 _lm: LoadedModel | None = None
-POOL = PrefixPool()
+_engine: Engine | None = None
 
 
 def model() -> LoadedModel:
@@ -56,6 +60,21 @@ def model() -> LoadedModel:
     if _lm is None:
         _lm = load_model()
     return _lm
+
+
+def engine() -> Engine:
+    """The one engine of this process: its worker owns the model's forwards and the prefix pool."""
+    global _engine
+    if _engine is None:
+        _engine = Engine(model(), EngineConfig(kv_budget_mb=KV_BUDGET_MB, pool_mb=min(8.0, KV_BUDGET_MB / 4)))
+    return _engine
+
+
+def live_line() -> str:
+    """What the running app holds right now: visitors' requests in flight and waiting, and their KV bytes."""
+    st = engine().stats()
+    return (f'<p class="live-line">此刻在写 {st.in_flight} 份（排队 {st.waiting}），KV 缓存 {st.kv_bytes / 1024:.0f} KB'
+            f' + 共享前缀池 {st.pool_bytes / 1024:.0f} KB，预算 {KV_BUDGET_MB:g} MB。</p>')
 
 
 def _outputs(gate: str, checks: str, records: dict[str, list[StepRecord]], table: str, payload: list) -> tuple:
@@ -90,15 +109,19 @@ def _stream(make_request, temperature: float, seed: float, year: float, modes: l
     shown = "full" if "full" in modes else modes[0]
     try:
         request = make_request(float(temperature or 0.0), int(seed or 0))
-        for state in stream_modes(model(), request, modes, POOL):
+        for state in engine().stream(request, modes):
             p, results, done = state.latest[shown], state.results, state.done
             length = len(p.upper) if request.task == "duixia" else request.length
             gate = render_gate(p.upper, p.lower, results[shown].hengpi if done else "", year_label=label,
                                opened=done, pending=not done, length=length)
             checks = checks_html(results[shown], notice) if done else checks_html(None, notice or "正在落笔……")
-            table = modes_table_html(results) if done else modes_table_html({})
+            table = (modes_table_html(results) if done else modes_table_html({})) + live_line()
             payload = [results[m].to_json(with_steps=False) for m in modes] if done else []
             yield _outputs(gate, checks, state.records, table, payload)
+    except EngineBusy as e:
+        gr.Warning(str(e))
+        yield _outputs(render_gate("", "", "", year_label=label, opened=False, message=str(e)),
+                       checks_html(None, str(e)), {}, modes_table_html({}), [])
     except CoupletInputError as e:
         gr.Warning(str(e).split(" (")[0])
         yield _outputs(render_gate("", "", "", year_label=label, opened=False, message=str(e).split(" (")[0]),
@@ -117,6 +140,7 @@ def build_app() -> gr.Blocks:
     torch.set_num_threads(TORCH_THREADS)
     lm = model()
     load_store()  # the exemplar index (~5 s to build): at start-up, not on the first visitor's request
+    engine()  # its worker thread waits for the first visitor
     label = year_label(DEFAULT_YEAR)
     mode_choices = [(f"{mode_label(m)}：{MODE_INFO[m].summary_zh}", m) for m in MODES]
     with gr.Blocks(title="开门见喜 · 春联生成终端") as demo:

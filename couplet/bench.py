@@ -1,6 +1,7 @@
 """Per-step decode cost and KV bytes of every mode against `full`, measured in one run as ratios.
 
     python -m couplet.bench --modes all --reps 10
+    python -m couplet.bench serve --visitors 1000     # many visitors through the engine: see couplet.serve_bench
 
 Modes are interleaved phrase by phrase (full, window, …, full, window, …) so machine noise hits them alike;
 the step time is the wall time of one decode step as the generation loop sees it (forward, constraints,
@@ -91,7 +92,12 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
 
 if __name__ == "__main__":
     try:
-        main(parse_args())
+        if sys.argv[1:2] == ["serve"]:  # the engine under a peak of visitors: `couplet.serve_bench`
+            from couplet import serve_bench
+
+            serve_bench.main(serve_bench.parse_args(sys.argv[2:]))
+        else:
+            main(parse_args())
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -154,28 +154,34 @@ def _device_memory(device: str) -> tuple[int | None, int | None]:
 
 
 class Decoding:
-    """One couplet under one KV-cache mode: `prefill()`, then `step()` once per character until `done`.
+    """Couplets under one KV-cache mode, one per prepared request (a batch of rows with the same line length,
+    left-padded in one session): `prefill()`, then `step()` once per character until `done`.
 
-    Every call returns the Progress of what it computed, its StepRecord new each time; the last step's
-    carries the result. `seconds` is this decoding's own compute time, whatever runs between its calls
-    (other modes interleaved, a UI redraw). With `follow=(upper, lower)` the loop is teacher-forced along
-    that couplet instead of choosing, and each Progress carries the model's log-probability of the followed
-    character (for NLL deltas). Runs under `torch.inference_mode()` per call, never across calls.
+    Every call returns one Progress per row, its StepRecord new each time; the last step's carry the
+    results. `seconds` is this decoding's own compute time, whatever runs between its calls (other modes
+    interleaved, a UI redraw). With `follow=(upper, lower)` (one row) the loop is teacher-forced along that
+    couplet instead of choosing, and each Progress carries the model's log-probability of the followed
+    character (for NLL deltas). Runs under `torch.inference_mode()` per call, never across calls. A row's
+    couplet does not depend on the others in its batch (padding is masked; tested against running alone).
     """
 
-    def __init__(self, lm: LoadedModel, prep: Prepared, mode: str, pool: PrefixPool | None = None,
+    def __init__(self, lm: LoadedModel, preps: Sequence[Prepared], mode: str, pool: PrefixPool | None = None,
                  follow: tuple[str, str] | None = None, **mode_options) -> None:
-        self.lm, self.prep, self.mode, self.follow = lm, prep, mode, follow
+        lengths = {p.length for p in preps}
+        if len(lengths) != 1 or (follow is not None and len(preps) != 1):
+            raise ValueError("a batch holds requests of one line length (and follows one couplet at most)")
+        self.lm, self.preps, self.mode, self.follow = lm, list(preps), mode, follow
+        self.length = lengths.pop()
         self.session = make_mode(mode, **mode_options).new_session(lm.model, pool=pool)
-        self.constraints = LineConstraints(lm, prep.placement, prep.length, prep.voice, prep.context.borrowed,
-                                           prep.lower_end)
-        # <bos>, the context, <Ln>, then the keywords
-        start = len(prep.context.ids) + 2
-        self.keyword_positions = list(range(start, start + len(prep.keyword_text)))
-        self.lines = ["", ""]
-        self.records: list[StepRecord] = []
+        self.constraints = [LineConstraints(lm, p.placement, p.length, p.voice, p.context.borrowed, p.lower_end)
+                            for p in preps]
+        # per row: <bos>, the context, <Ln>, then the keywords
+        self.keyword_positions = [list(range(len(p.context.ids) + 2, len(p.context.ids) + 2 + len(p.keyword_text)))
+                                  for p in preps]
+        self.lines = [["", ""] for _ in preps]
+        self.records: list[list[StepRecord]] = [[] for _ in preps]
         self.seconds = 0.0
-        self.logits: torch.Tensor | None = None
+        self.logits: torch.Tensor | None = None  # (batch, vocab): each row's next-token distribution
         self._next = (0, 0)  # (line, position) the next step writes
 
     @property
@@ -185,82 +191,94 @@ class Decoding:
     def close(self) -> None:
         self.session.close()
 
-    def prefill(self) -> Progress:
+    def prefill(self) -> list[Progress]:
         t0 = time.perf_counter()
         with torch.inference_mode():
             # every token fed: the prompt, 上联 + <mid>, 下联 but its last character; retention budgets are a
             # share of this whole length (a fixed per-request cap), not of the tokens seen so far
-            self.session.expect([len(self.prep.prompt) + 2 * self.prep.length])
-            out = self.session.forward(torch.tensor([self.prep.prompt], device=self.lm.device))
-            self.logits = out[0, -1]
-            # a prefix-pool hit returns only the positions computed: what the prefill cost this request
-            return self._progress(0, "", t0, out.shape[1])
+            self.session.expect([len(p.prompt) + 2 * self.length for p in self.preps])
+            width = max(len(p.prompt) for p in self.preps)
+            ids = [[self.lm.ids.pad] * (width - len(p.prompt)) + p.prompt for p in self.preps]
+            mask = None
+            if any(len(p.prompt) < width for p in self.preps):
+                mask = torch.tensor([[0] * (width - len(p.prompt)) + [1] * len(p.prompt) for p in self.preps],
+                                    device=self.lm.device)
+            out = self.session.forward(torch.tensor(ids, device=self.lm.device), attention_mask=mask)
+            self.logits = out[:, -1]
+            # a prefix-pool hit computes only the rest: what the prefill cost each request
+            return self._progress(0, [""] * len(self.preps), t0)
 
-    def step(self) -> Progress:
-        """Choose (or follow) the next character and feed it: one forward, but none after the last one."""
+    def step(self) -> list[Progress]:
+        """Choose (or follow) each row's next character and feed them: one forward, none after the last."""
         t0 = time.perf_counter()
         line, pos = self._next
-        length, lm = self.prep.length, self.lm
+        length, lm = self.length, self.lm
         with torch.inference_mode():
             assert self.logits is not None, "prefill() first"
-            char = self.constraints.fixed(line, pos)
-            logprob = None
-            if self.follow is not None:
-                char = self.follow[line][pos]
-                token = lm.vocab.get(char, lm.ids.unk)
-                logprob = float(torch.log_softmax(self.logits.float(), dim=-1)[token])
-            elif char is None:
-                allowed = self.constraints.allowed(line, pos, self.lines)
-                step = line * length + pos + 1
-                char = lm.id_to_char[sample(self.logits, allowed, self.prep.request, step, self.constraints.bias)]
-            self.lines[line] += char
+            chars, logprob = [], None
+            step = line * length + pos + 1
+            for r, prep in enumerate(self.preps):
+                char = self.constraints[r].fixed(line, pos)
+                if self.follow is not None:
+                    char = self.follow[line][pos]
+                    token = lm.vocab.get(char, lm.ids.unk)
+                    logprob = float(torch.log_softmax(self.logits[r].float(), dim=-1)[token])
+                elif char is None:
+                    allowed = self.constraints[r].allowed(line, pos, self.lines[r])
+                    char = lm.id_to_char[sample(self.logits[r], allowed, prep.request, step,
+                                                self.constraints[r].bias)]
+                self.lines[r][line] += char
+                chars.append(char)
             self._next = (line, pos + 1) if pos + 1 < length else (line + 1, 0)
-            fed = 0
             if not self.done:
                 # Structure for retention modes (others ignore it), for the character the next forward
                 # writes: keywords and the 上联 so far, then the 上联 characters 下联 must mirror.
-                upper_start = len(self.prep.prompt)
-                self.session.protect([couplet_protection(self.keyword_positions, upper_start, length,
-                                                         *self._next)])
-                feed = char_ids(lm.tokenizer, char)
-                if line == 0 and pos == length - 1:
-                    feed.append(lm.ids.mid)  # the line break rides along with the last 上联 character
-                self.logits = self.session.forward(torch.tensor([feed], device=lm.device))[0, -1]
-                fed = len(feed)
-            progress = self._progress(line * length + pos + 1, char, t0, fed, logprob)
+                self.session.protect([couplet_protection(kw, len(p.prompt), length, *self._next)
+                                      for kw, p in zip(self.keyword_positions, self.preps, strict=True)])
+                feed = [char_ids(lm.tokenizer, c) + ([lm.ids.mid] if line == 0 and pos == length - 1 else [])
+                        for c in chars]  # the line break rides along with the last 上联 character
+                self.logits = self.session.forward(torch.tensor(feed, device=lm.device))[:, -1]
+            out = self._progress(step, chars, t0, logprob)
             if self.done:
-                progress.result = self._result()
-                self.seconds += time.perf_counter() - t0 - progress.record.seconds
-                progress.result.seconds = self.seconds
-            return progress
+                t1 = time.perf_counter()
+                for r, progress in enumerate(out):
+                    progress.result = self._result(r)
+                self.seconds += time.perf_counter() - t1
+                for progress in out:
+                    assert progress.result is not None
+                    progress.result.seconds = self.seconds
+            return out
 
-    def _progress(self, step: int, token: str, t0: float, computed: int, logprob: float | None = None) -> Progress:
-        s = self.session.stats()
+    def _progress(self, step: int, chars: list[str], t0: float, logprob: float | None = None) -> list[Progress]:
         alloc, peak = _device_memory(self.lm.device)
         seconds = time.perf_counter() - t0
-        rec = StepRecord(self.mode, step, token, s.logical_length, s.stored_tokens, s.kv_bytes, s.shared_bytes,
-                         s.full_equivalent_bytes, alloc, peak, seconds, computed)
-        self.records.append(rec)
         self.seconds += seconds
-        return Progress(self.mode, self.lines[0], self.lines[1], rec, logprob=logprob)
+        out = []
+        for r, s in enumerate(self.session.stats_per_row()):
+            computed = 0 if self.done else self.session.rows[r].fed
+            rec = StepRecord(self.mode, step, chars[r], s.logical_length, s.stored_tokens, s.kv_bytes,
+                             s.shared_bytes, s.full_equivalent_bytes, alloc, peak, seconds, computed)
+            self.records[r].append(rec)
+            out.append(Progress(self.mode, self.lines[r][0], self.lines[r][1], rec, logprob=logprob))
+        return out
 
-    def _result(self) -> CoupletResult:
-        upper, lower = self.lines
+    def _result(self, r: int) -> CoupletResult:
+        prep, (upper, lower) = self.preps[r], self.lines[r]
         hengpi = choose_hengpi(self.lm, upper, lower)
-        checks = check_couplet(upper, lower, hengpi, self.prep.keyword_text, given_upper=self.prep.duixia)
-        return CoupletResult(self.prep.keyword_text, upper, lower, hengpi, self.mode, checks, list(self.records),
-                             list(self.prep.notes), exemplars=[list(p) for p in self.prep.context.exemplars])
+        checks = check_couplet(upper, lower, hengpi, prep.keyword_text, given_upper=prep.duixia)
+        return CoupletResult(prep.keyword_text, upper, lower, hengpi, self.mode, checks, list(self.records[r]),
+                             list(prep.notes), exemplars=[list(p) for p in prep.context.exemplars])
 
 
 def decode(lm: LoadedModel, prep: Prepared, mode: str, pool: PrefixPool | None = None,
            follow: tuple[str, str] | None = None, **mode_options) -> Iterator[Progress]:
     """Generate one couplet under one KV-cache mode, yielding the prefill and then every step, each once;
     the last Progress carries the result. See `Decoding`."""
-    run = Decoding(lm, prep, mode, pool, follow, **mode_options)
+    run = Decoding(lm, [prep], mode, pool, follow, **mode_options)
     try:
-        yield run.prefill()
+        yield run.prefill()[0]
         while not run.done:
-            yield run.step()
+            yield run.step()[0]
     finally:
         run.close()
 

@@ -23,7 +23,7 @@ from gradio_client import Client
 
 from couplet.calendar import DEFAULT_YEAR, MAX_YEAR, MIN_YEAR, year_label
 from couplet.gate import ASSETS_DIR, FONT_PATH
-from couplet.kvcache import MODES
+from couplet.kvcache import MODE_INFO, MODES
 from couplet.text import is_han
 
 pytestmark = [
@@ -33,8 +33,9 @@ pytestmark = [
 
 ROOT = Path(__file__).resolve().parent.parent
 ALL_MODES = list(MODES)
-# Modes whose own cache is smaller than full's; `shared` holds the whole prompt while it is the only user.
-COMPRESSING = ("window", "selective", "int8", "int4", "combo")
+# Modes whose own cache is smaller than full's (the registry's lossless modes, `full` and `shared`, hold
+# the whole prompt while a request is the only user)
+COMPRESSING = tuple(m for m, info in MODE_INFO.items() if not info.lossless)
 GATE, CHECKS, KV_PLOT, MEM_PLOT, TABLE, RESULTS = range(6)
 HTML_OUTPUTS = (GATE, CHECKS, TABLE)
 

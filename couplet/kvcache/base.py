@@ -33,9 +33,12 @@ class Storage(Protocol):
 
     def make_store(self) -> Store: ...
     def codec(self) -> BlockCodec: ...
+    def row_bytes(self, head_dim: int, dtype_bytes: int) -> float: ...  # one head row of K or V, stored
 
 
 class SharingPolicy(Protocol):
+    block_size: int
+
     def sharing(self, model: Any, pool: PrefixPool | None, codec: BlockCodec) -> Sharing: ...
 
 
@@ -49,6 +52,9 @@ class PlainStorage:
     def codec(self) -> PlainCodec:
         return PlainCodec()
 
+    def row_bytes(self, head_dim: int, dtype_bytes: int) -> float:
+        return head_dim * dtype_bytes
+
 
 PLAIN = PlainStorage()
 
@@ -58,6 +64,49 @@ class Composition:
     storage: Storage = PLAIN
     retention: Retention | None = None
     sharing: SharingPolicy | None = None
+
+    def owned_peak_bytes(self, prompt: int, total: int, geometry: KVGeometry) -> tuple[int, int]:
+        """Upper bounds of the KV bytes a request owns (pool blocks aside: the pool keeps its own budget), for
+        `prompt` tokens and `total` fed in all (as announced with `ModeSession.expect`): (during the prefill,
+        from then on). What a serving engine admits by.
+
+        The prefill holds every prompt token it computes at full precision until the forward ends (a store
+        quantizes, a retention policy evicts, after the forward); from then on a request holds what its
+        retention keeps (budget, or the forced tokens if more), plus up to 2 tokens fed before the next
+        eviction, at its storage format's bytes (per-token layout), plus any full-precision residual."""
+        pooled = 0 if self.sharing is None else (prompt - 1) // self.sharing.block_size * self.sharing.block_size
+        kept = total
+        if self.retention is not None:
+            r = self.retention
+            forced = max(r.sinks, prompt if r.keep_prompt else 0) + r.recent
+            kept = min(total, max(r.budget(total, total), forced) + 2)
+        per_token = 2 * geometry.layers * geometry.kv_heads * self.storage.row_bytes(geometry.head_dim,
+                                                                                     geometry.dtype_bytes)
+        residual = getattr(self.storage, "residual", 0) * geometry.token_bytes
+        prefill = (prompt - pooled) * geometry.token_bytes
+        return prefill, int(max(kept - pooled, 0) * per_token + residual + 0.999)
+
+
+@dataclass(frozen=True)
+class KVGeometry:
+    """What one token's keys and values take in a model: `token_bytes` uncompressed, all layers."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype_bytes: int
+
+    @property
+    def token_bytes(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+    @classmethod
+    def of(cls, model: Any) -> KVGeometry:
+        config = model.config.get_text_config()
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        return cls(config.num_hidden_layers, kv_heads, head_dim, next(model.parameters()).element_size())
 
 
 class Policy:

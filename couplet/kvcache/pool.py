@@ -68,6 +68,9 @@ class PrefixPool:
     def __len__(self) -> int:
         return len(self._blocks)
 
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._blocks
+
     def total_refs(self) -> int:
         with self._lock:
             return sum(b.refs for b in self._blocks.values())

@@ -62,6 +62,11 @@ class QuantizedPolicy(Policy):
     def make_store(self) -> QuantStore:
         return QuantStore(self.bits, self.group_size, self.residual, self.symmetric, self.key_axis, self.key_group)
 
+    def row_bytes(self, head_dim: int, dtype_bytes: int) -> float:
+        """One head row of K or V: packed codes, one scale (and zero point) per group, scales at the dtype."""
+        groups = head_dim // (self.group_size or head_dim)
+        return head_dim * self.bits / 8 + groups * dtype_bytes * (1 if self.symmetric else 2)
+
     def codec(self) -> QuantCodec:
         """The same per-token row format, for immutable pool blocks (`combo`)."""
         return QuantCodec(self.bits, self.group_size, self.symmetric)

@@ -112,6 +112,7 @@ class RowState:
     """One sequence of a session's batch: everything kept per row, once."""
 
     seen: int = 0  # real tokens so far: the next logical position
+    fed: int = 0  # real tokens the last forward computed (a pool hit computes only the rest of the prompt)
     prompt: int = 0  # real tokens of the first forward
     valid: list[bool] = field(default_factory=list)  # per owned slot: holds a real token (not padding/filler)
     protected: list[int] = field(default_factory=list)  # logical positions to keep (`ModeSession.protect`)

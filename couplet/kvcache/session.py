@@ -81,7 +81,8 @@ class ModeSession:
                              position_ids=pos.clamp(min=0).long(), cache=self.cache, use_cache=True)
         self.cache.flush()
         for row, new in zip(self.rows, flags or [[True] * q] * b, strict=True):
-            row.seen += sum(new)
+            row.fed = sum(new)
+            row.seen += row.fed
             row.valid.extend(new)
             if first:
                 row.prompt = row.seen

@@ -1,0 +1,301 @@
+"""A serving engine: one background worker owns the model and runs batched forwards for many visitors,
+admitting them by KV-memory budget.
+
+    engine = Engine(lm, EngineConfig(kv_budget_mb=8))
+    for state in engine.stream(CoupletRequest("龙马精神"), ["full", "combo"]):   # like stream_modes
+        ...
+    engine.close()
+
+A request is (couplet request, mode). Requests of the same mode and line length that are admitted together
+form a *wave*: one left-padded batch in one session (`generate.Decoding`), prefilled together and decoded
+in lockstep — every couplet of a given length has the same number of steps, so a wave starts and ends
+together and nothing has to join a running batch (a request's cache is never copied between batches). The
+worker advances every live wave by one step per round, so waves of different modes and arrival times
+interleave; a newcomer waits at most one round to start. Each wave's rows stream their progress back to
+their own tickets.
+
+Admission: a request reserves the KV bytes it can own (`Composition.owned_peak_bytes`: its prefill, during
+which the prompt is held at full precision, then its steady peak under its mode); it is admitted when the
+reservation fits beside what the admitted requests reserve, in arrival order. Past `max_waiting` waiting
+requests, `submit` refuses with `EngineBusy` (a Chinese message for the page). The prefix pool is the
+engine's own, inside the total: requests get `kv_budget - pool budget`.
+
+A cancelled request (the visitor left) stops receiving progress; its wave ends early if all its rows are
+cancelled, and the wave's session is closed when it ends, releasing its pool blocks.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from couplet.events import CoupletResult
+from couplet.generate import CoupletRequest, Decoding, Prepared, Progress, Round, prepare
+from couplet.kvcache import PrefixPool, make_mode, parse_modes
+from couplet.kvcache.base import KVGeometry
+from couplet.lexicon import DEFAULT_VOICE, VoiceConfig
+from couplet.model import LoadedModel
+from couplet.prompt import DEFAULT_PROMPT, PromptConfig
+
+MB = 2**20
+BUSY_MESSAGE = "此刻拜年的人太多，门前已排起长队，请稍候片刻再来。"
+
+
+class EngineBusy(RuntimeError):
+    """The waiting queue is full (or one request could never fit the budget)."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    kv_budget_mb: float = 64.0  # everything the engine's KV caches may hold: requests + prefix pool
+    pool_mb: float = 8.0  # the prefix pool's own budget, inside the total
+    max_batch: int = 16  # rows in one wave
+    max_waiting: int = 256  # requests waiting for admission before `submit` refuses
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.pool_mb < self.kv_budget_mb:
+            raise ValueError(f"pool_mb must be in [0, kv_budget_mb), got {self.pool_mb} of {self.kv_budget_mb}")
+        if self.max_batch < 1 or self.max_waiting < 0:
+            raise ValueError("max_batch must be >= 1 and max_waiting >= 0")
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One submitted request: iterate it for its Progress, the last one with the result."""
+
+    prep: Prepared
+    mode: str
+    reserve_prefill: int  # bytes reserved until the prefill ends
+    reserve_decode: int  # and from then on
+    submitted: float = field(default_factory=time.perf_counter)
+    admitted: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+    events: queue.Queue = field(default_factory=queue.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    reserved: int = 0  # bytes reserved now
+    kv_bytes: int = 0  # what its cache holds, as of its last step
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    def __iter__(self) -> Iterator[Progress]:
+        while True:
+            item = self.events.get()
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+
+@dataclass(eq=False)
+class Wave:
+    decoding: Decoding
+    tickets: list[Ticket]
+    started: bool = False
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    in_flight: int  # requests admitted and not finished
+    waiting: int
+    reserved_bytes: int  # what the admitted requests reserve
+    kv_bytes: int  # what their caches hold now
+    pool_bytes: int
+    pool_refs: int
+    peak_in_flight: int
+    peak_reserved_bytes: int
+
+
+class Engine:
+    """See the module docstring. Thread-safe: submit from any thread; one worker thread runs the model."""
+
+    def __init__(self, lm: LoadedModel, config: EngineConfig | None = None) -> None:
+        self.lm, self.config = lm, config or EngineConfig()
+        self.pool = PrefixPool(max_bytes=int(self.config.pool_mb * MB))
+        self.budget = int((self.config.kv_budget_mb - self.config.pool_mb) * MB)
+        self.geometry = KVGeometry.of(lm.model)
+        self._waiting: deque[Ticket] = deque()
+        self._waves: list[Wave] = []
+        self._reserved = 0
+        self._peak_reserved = 0
+        self._peak_in_flight = 0
+        self._lock = threading.Condition()
+        self._closed = False
+        self._worker = threading.Thread(target=self._run, name="couplet-engine", daemon=True)
+        self._worker.start()
+
+    # ---- the caller's side ----
+    def submit(self, request: CoupletRequest, mode: str, prompt: PromptConfig = DEFAULT_PROMPT,
+               voice: VoiceConfig = DEFAULT_VOICE, prep: Prepared | None = None) -> Ticket:
+        """Queue one request; raises CoupletInputError for bad input, EngineBusy when the queue is full."""
+        parse_modes([mode], allow_all=False)
+        prep = prep or prepare(self.lm, request, prompt, voice)
+        total = len(prep.prompt) + 2 * prep.length
+        prefill, decode = make_mode(mode).compose().owned_peak_bytes(len(prep.prompt), total, self.geometry)
+        ticket = Ticket(prep, mode, max(prefill, decode), decode)  # the prefill may be the smaller (full)
+        if max(prefill, decode) > self.budget:
+            raise EngineBusy(f"{BUSY_MESSAGE}（单个请求需 {max(prefill, decode) / MB:.1f} MB，超出总预算）")
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("engine is closed")
+            if len(self._waiting) >= self.config.max_waiting:
+                raise EngineBusy(BUSY_MESSAGE)
+            self._waiting.append(ticket)
+            self._lock.notify_all()
+        return ticket
+
+    def stream(self, request: CoupletRequest, modes: Sequence[str], prompt: PromptConfig = DEFAULT_PROMPT,
+               voice: VoiceConfig = DEFAULT_VOICE) -> Iterator[Round]:
+        """One request under several modes, as `generate.stream_modes` yields it (a Round per step of the
+        slowest mode), served by the engine; closing the iterator cancels what has not finished."""
+        prep = prepare(self.lm, request, prompt, voice)
+        tickets = {m: self.submit(request, m, prep=prep) for m in modes}
+        state = Round({}, {m: [] for m in modes}, {})
+        iters = {m: iter(t) for m, t in tickets.items()}
+        try:
+            while iters:
+                for m in list(iters):
+                    p = next(iters[m], None)
+                    if p is None:
+                        del iters[m]
+                        continue
+                    state.latest[m] = p
+                    state.records[m].append(p.record)
+                    if p.result is not None:
+                        state.results[m] = p.result
+                if iters and len(state.latest) == len(modes):
+                    yield Round(dict(state.latest), {m: list(r) for m, r in state.records.items()},
+                                dict(state.results))
+        finally:
+            for t in tickets.values():
+                t.cancel()
+
+    def generate(self, request: CoupletRequest, mode: str = "full") -> CoupletResult:
+        """One couplet through the engine (waits for admission)."""
+        *_, last = self.submit(request, mode)
+        assert last.result is not None
+        return last.result
+
+    def stats(self) -> EngineStats:
+        with self._lock:
+            tickets = [t for w in self._waves for t in w.tickets]
+            kv = sum(t.kv_bytes for t in tickets)
+            return EngineStats(len(tickets), len(self._waiting), self._reserved, kv, self.pool.nbytes,
+                               self.pool.total_refs(), self._peak_in_flight, self._peak_reserved)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+        self._worker.join(timeout=30)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- the worker ----
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._closed and not self._waves and not self._waiting:
+                    self._lock.wait()
+                if self._closed:
+                    self._fail_all(RuntimeError("engine closed"))
+                    return
+                try:
+                    self._admit()
+                except Exception as e:  # never a silent dead worker: everyone waiting hears of it
+                    self._fail_all(e)
+                    continue
+                waves = list(self._waves)
+            for wave in waves:
+                self._advance(wave)
+
+    def _admit(self) -> None:
+        """Admit waiting requests in arrival order while their reservation fits; those of one mode and length
+        admitted in the same round share a wave. A wave is left-padded to its longest prompt, so each of its
+        rows reserves what its largest row does (padding slots take memory too)."""
+        new: dict[tuple[str, int], list[Ticket]] = {}
+        while self._waiting:
+            t = self._waiting[0]
+            if t.cancelled.is_set():
+                self._waiting.popleft()
+                t.events.put(None)
+                continue
+            group = new.setdefault((t.mode, t.prep.length), [])
+            before = len(group) * max((g.reserve_prefill for g in group), default=0)
+            after = (len(group) + 1) * max([t.reserve_prefill, *(g.reserve_prefill for g in group)])
+            if len(group) >= self.config.max_batch or self._reserved + after - before > self.budget:
+                break
+            self._waiting.popleft()
+            group.append(t)
+            t.admitted = time.perf_counter()
+            self._reserved += after - before
+        for (mode, _), group in new.items():
+            if group:
+                top_prefill = max(t.reserve_prefill for t in group)
+                top_decode = max(t.reserve_decode for t in group)
+                for t in group:
+                    t.reserve_prefill, t.reserve_decode = top_prefill, top_decode
+                    t.reserved = top_prefill
+                self._waves.append(Wave(Decoding(self.lm, [t.prep for t in group], mode, self.pool), group))
+        in_flight = sum(len(w.tickets) for w in self._waves)
+        self._peak_in_flight = max(self._peak_in_flight, in_flight)
+        self._peak_reserved = max(self._peak_reserved, self._reserved)
+
+    def _advance(self, wave: Wave) -> None:
+        """One call of the wave's decoding (its prefill, or one step), streamed to its tickets."""
+        if all(t.cancelled.is_set() for t in wave.tickets):
+            self._finish(wave, None)
+            return
+        prefill = not wave.started
+        try:
+            out = wave.decoding.prefill() if prefill else wave.decoding.step()
+        except Exception as e:  # a failure must reach this wave's visitors, not kill the worker
+            self._finish(wave, e)
+            return
+        wave.started = True
+        now = time.perf_counter()
+        for t, p in zip(wave.tickets, out, strict=True):
+            t.kv_bytes = p.record.kv_bytes
+            if t.first_token is None and p.record.step == 1:
+                t.first_token = now
+            if not t.cancelled.is_set():
+                t.events.put(p)
+        if prefill:
+            with self._lock:  # the prefill is over: each row now reserves its steady peak only
+                for t in wave.tickets:
+                    self._reserved += t.reserve_decode - t.reserved
+                    t.reserved = t.reserve_decode
+        if wave.decoding.done:
+            self._finish(wave, None)
+
+    def _finish(self, wave: Wave, error: BaseException | None) -> None:
+        wave.decoding.close()
+        now = time.perf_counter()
+        with self._lock:
+            self._waves.remove(wave)
+            for t in wave.tickets:
+                self._reserved -= t.reserved
+                t.reserved = t.kv_bytes = 0
+                t.finished = now
+                t.events.put(error)
+
+    def _fail_all(self, error: BaseException) -> None:
+        for wave in list(self._waves):
+            wave.decoding.close()
+            for t in wave.tickets:
+                t.events.put(error)
+        for t in self._waiting:
+            t.events.put(error)
+        self._waves.clear()
+        self._waiting.clear()
+

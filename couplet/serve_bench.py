@@ -1,0 +1,255 @@
+"""`python -m couplet.bench serve`: the Spring Festival peak — many visitors through the engine, one mode at
+a time, at the same KV budget; what compression buys in concurrency and throughput.
+
+    python -m couplet.bench serve --visitors 1000                  # burst, every mode, default budget
+    python -m couplet.bench serve --visitors 200 --rate 20 --modes full,combo --json out.json --plot out.html
+    python -m couplet.bench serve --budgets 4,8,16 --visitors 200   # a sweep over budgets (MB)
+
+Workload: `--visitors` requests whose keyword phrases follow a Zipf law (s = `--zipf`, 1.1) over the dev
+list plus the 横批 phrases (237 phrases): many type the popular ones, few the rare ones. They arrive at once
+(`--rate 0`) or as a Poisson process of `--rate` per second. Greedy, 7-character lines.
+
+Per mode, in vLLM `bench serve`'s vocabulary: requests/s and output tokens/s (characters written), admitted
+concurrency (mean over the run, sampled every 10 ms, and peak), resident KV peak (what the caches hold, pool
+included), KV per request (a request's own peak plus its pool share), prefix-pool hit rate (blocks), prefill
+tokens computed against unshared, TTFT / TPOT / end-to-end latency at p50/p90/p99 (TTFT: arrival to the
+first character), and the identical rate against `full` on the same phrases. The default budget holds
+8 `full` requests at once (plus the pool), so memory is the bottleneck, as on a busy GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from couplet.engine import MB, Engine, EngineConfig, Ticket
+from couplet.generate import CoupletRequest, prepare
+from couplet.kvcache import MODES, make_mode, parse_modes
+from couplet.model import LoadedModel, load_model
+from couplet.phrases import HENGPI_PHRASES
+
+DEV_KEYWORDS = Path(__file__).resolve().parent.parent / "assets" / "dev_keywords.txt"
+
+
+@dataclass
+class ServeConfig:
+    modes: list[str] = field(default_factory=lambda: list(MODES))
+    visitors: int = 1000
+    rate: float = 0.0  # arrivals per second (Poisson); 0 = all at once
+    zipf: float = 1.1
+    budgets: list[float] | None = None  # MB; None = room for 8 `full` requests (+ the pool)
+    pool_mb: float = 4.0
+    max_batch: int = 16
+    seed: int = 0
+    model: str | None = None
+    device: str | None = None
+    dtype: str | None = None
+    threads: int | None = None
+    json: str | None = None
+    plot: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.visitors < 1 or self.rate < 0 or self.zipf <= 0:
+            raise ValueError("visitors must be >= 1, rate >= 0 and zipf > 0")
+
+
+def phrases() -> list[str]:
+    dev = [s.strip() for s in DEV_KEYWORDS.read_text(encoding="utf-8").splitlines() if s.strip()]
+    return list(dict.fromkeys([*dev, *HENGPI_PHRASES]))
+
+
+def workload(cfg: ServeConfig) -> tuple[list[str], list[float]]:
+    """The phrases the visitors type (Zipf over `phrases()`) and their arrival times in seconds."""
+    rng = random.Random(cfg.seed)
+    pool = phrases()
+    weights = [1 / (rank + 1) ** cfg.zipf for rank in range(len(pool))]
+    typed = rng.choices(pool, weights, k=cfg.visitors)
+    t, arrivals = 0.0, []
+    for _ in typed:
+        arrivals.append(t)
+        t += rng.expovariate(cfg.rate) if cfg.rate else 0.0
+    return typed, arrivals
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
+
+
+def run_mode(lm: LoadedModel, mode: str, budget_mb: float, cfg: ServeConfig, typed: list[str],
+             arrivals: list[float]) -> tuple[dict, dict[str, tuple[str, str]]]:
+    preps = {p: prepare(lm, CoupletRequest(p)) for p in set(typed)}
+    engine = Engine(lm, EngineConfig(kv_budget_mb=budget_mb, pool_mb=cfg.pool_mb, max_batch=cfg.max_batch,
+                                     max_waiting=cfg.visitors))
+    samples: list[tuple[int, int]] = []  # (in flight, resident bytes) every 10 ms
+    stop = threading.Event()
+
+    def monitor() -> None:
+        while not stop.is_set():
+            st = engine.stats()
+            samples.append((st.in_flight, st.kv_bytes + st.pool_bytes))
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=monitor, daemon=True)
+    watcher.start()
+    tickets: list[Ticket] = []
+    t0 = time.perf_counter()
+    for phrase, at in zip(typed, arrivals, strict=True):
+        delay = t0 + at - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        tickets.append(engine.submit(CoupletRequest(phrase), mode, prep=preps[phrase]))
+        tickets[-1].submitted = t0 + at  # latency counts from the scheduled arrival
+    results = [list(t)[-1].result for t in tickets]
+    end = time.perf_counter()
+    stop.set()
+    watcher.join()
+    stats = engine.stats()
+    pool = engine.pool
+    engine.close()
+    makespan = end - t0
+    chars = sum(len(r.upper) + len(r.lower) for r in results if r)
+    ttft = [(t.first_token - t.submitted) * 1e3 for t in tickets if t.first_token]
+    e2e = [(t.finished - t.submitted) * 1e3 for t in tickets if t.finished]
+    tpot = [(t.finished - t.first_token) * 1e3 / 13 for t in tickets if t.finished and t.first_token]
+    per_request = [max(s.kv_bytes + s.shared_bytes for s in r.steps) for r in results if r]
+    computed = sum(r.steps[0].computed_tokens for r in results if r)
+    prompt_tokens = sum(len(preps[p].prompt) for p in typed)
+    looked_up = pool.hits + pool.misses
+    couplets = {p: (r.upper, r.lower) for p, r in zip(typed, results, strict=True) if r}
+    row = {
+        "budget_mb": budget_mb, "visitors": len(tickets), "seconds": makespan,
+        "requests_per_s": len(tickets) / makespan, "throughput_tok_s": chars / makespan,
+        "admitted_concurrency": statistics.fmean(s[0] for s in samples) if samples else 0.0,
+        "admitted_concurrency_peak": stats.peak_in_flight,
+        "resident_kv_peak_bytes": max((s[1] for s in samples), default=0),
+        "kv_per_request_bytes": statistics.fmean(per_request),
+        "prefix_hit_rate": pool.hits / looked_up if looked_up else 0.0,
+        "prefill_tokens_ratio": computed / prompt_tokens,
+        "ttft_p50_ms": pct(ttft, 50), "ttft_p90_ms": pct(ttft, 90), "ttft_p99_ms": pct(ttft, 99),
+        "tpot_p50_ms": pct(tpot, 50), "tpot_p90_ms": pct(tpot, 90), "tpot_p99_ms": pct(tpot, 99),
+        "e2e_p50_ms": pct(e2e, 50), "e2e_p90_ms": pct(e2e, 90), "e2e_p99_ms": pct(e2e, 99),
+        "pool_refs_after": stats.pool_refs,
+    }
+    return row, couplets
+
+
+def default_budget(lm: LoadedModel, cfg: ServeConfig) -> float:
+    """Room for 8 `full` requests of the longest prompt in the workload, plus the pool's budget (MB)."""
+    from couplet.kvcache.base import KVGeometry
+
+    longest = max(len(prepare(lm, CoupletRequest(p)).prompt) for p in phrases()[:40])
+    prefill, decode = make_mode("full").compose().owned_peak_bytes(longest, longest + 14, KVGeometry.of(lm.model))
+    return round(8 * max(prefill, decode) / MB + cfg.pool_mb, 2)
+
+
+def main(cfg: ServeConfig) -> dict:
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    lm = load_model(cfg.model, cfg.device, cfg.dtype)
+    typed, arrivals = workload(cfg)
+    budgets = cfg.budgets or [default_budget(lm, cfg)]
+    modes = ["full", *(m for m in cfg.modes if m != "full")]  # full first: the reference of every ratio
+    out: dict = {"device": lm.device, "dtype": str(next(lm.model.parameters()).dtype).removeprefix("torch."),
+                 "model": lm.source, "config": {k: v for k, v in asdict(cfg).items() if k not in ("json", "plot")},
+                 "distinct_phrases": len(set(typed)), "date": time.strftime("%Y-%m-%d"), "runs": []}
+    for budget in budgets:
+        rows: dict[str, dict] = {}
+        reference: dict[str, tuple[str, str]] = {}
+        for mode in modes:
+            row, couplets = run_mode(lm, mode, budget, cfg, typed, arrivals)
+            if mode == "full":
+                reference = couplets
+            row["identical_rate"] = statistics.fmean(couplets[p] == reference[p] for p in couplets)
+            row["throughput_ratio"] = row["throughput_tok_s"] / rows["full"]["throughput_tok_s"] if rows else 1.0
+            rows[mode] = row
+            print(f"budget {budget} MB, {mode}: {json.dumps({k: round(v, 3) for k, v in row.items()})}",
+                  file=sys.stderr, flush=True)
+        out["runs"].append({"budget_mb": budget, "modes": rows})
+    out["modes"] = out["runs"][0]["modes"]
+    print(markdown(out))
+    if cfg.json:
+        Path(cfg.json).write_text(json.dumps(out, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    if cfg.plot:
+        plot(out, cfg.plot)
+    return out
+
+
+def markdown(out: dict) -> str:
+    lines = []
+    for run in out["runs"]:
+        lines += [f"\n### budget {run['budget_mb']} MB, {out['config']['visitors']} visitors, {out['device']}, "
+                  f"{out['dtype']}\n",
+                  "| mode | tok/s | vs full | concurrency mean / peak | KV / request | resident peak | prefix hits |"
+                  " prefill computed | TTFT p50 / p99 ms | TPOT p50 ms | E2E p99 ms | identical |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for mode, r in run["modes"].items():
+            lines.append(
+                f"| `{mode}` | {r['throughput_tok_s']:.0f} | {r['throughput_ratio']:.2f}× | "
+                f"{r['admitted_concurrency']:.1f} / {r['admitted_concurrency_peak']} | "
+                f"{r['kv_per_request_bytes'] / 1024:.0f} KB | {r['resident_kv_peak_bytes'] / MB:.1f} MB | "
+                f"{r['prefix_hit_rate']:.0%} | {r['prefill_tokens_ratio']:.0%} | "
+                f"{r['ttft_p50_ms']:.0f} / {r['ttft_p99_ms']:.0f} | {r['tpot_p50_ms']:.1f} | {r['e2e_p99_ms']:.0f} | "
+                f"{r['identical_rate']:.0%} |")
+    return "\n".join(lines)
+
+
+def plot(out: dict, path: str) -> None:
+    """Throughput and admitted concurrency against the budget, one line per mode (Plotly HTML)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from couplet.charts import mode_color
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("throughput (characters/s)", "admitted concurrency"))
+    budgets = [run["budget_mb"] for run in out["runs"]]
+    for mode in out["modes"]:
+        color = {"color": mode_color(mode)}
+        fig.add_trace(go.Scatter(x=budgets, y=[r["modes"][mode]["throughput_tok_s"] for r in out["runs"]],
+                                 name=mode, line=color, legendgroup=mode), row=1, col=1)
+        fig.add_trace(go.Scatter(x=budgets, y=[r["modes"][mode]["admitted_concurrency"] for r in out["runs"]],
+                                 name=mode, line=color, legendgroup=mode, showlegend=False), row=1, col=2)
+    fig.update_xaxes(title_text="KV budget (MB)")
+    fig.update_layout(template="none", title=f"{out['config']['visitors']} visitors, {out['device']}, {out['date']}")
+    fig.write_html(path, include_plotlyjs=True)
+    try:  # a PNG too where kaleido is installed
+        fig.write_image(str(Path(path).with_suffix(".png")))
+    except Exception as e:  # noqa: BLE001 - optional output; say why it is missing
+        print(f"no PNG ({type(e).__name__}: {e}); the HTML is written", file=sys.stderr)
+
+
+def parse_args(argv: list[str]) -> ServeConfig:
+    p = argparse.ArgumentParser(prog="python -m couplet.bench serve", description=__doc__.split("\n")[0])
+    p.add_argument("--modes", default="all", help=f"comma-separated among {','.join(MODES)}, or all")
+    p.add_argument("--visitors", type=int, default=1000)
+    p.add_argument("--rate", type=float, default=0.0, help="Poisson arrivals per second (0: a burst)")
+    p.add_argument("--zipf", type=float, default=1.1)
+    p.add_argument("--budgets", type=lambda t: [float(x) for x in t.split(",")], default=None,
+                   help="KV budgets in MB, comma-separated (default: 8 full requests + the pool)")
+    p.add_argument("--pool-mb", type=float, default=4.0)
+    p.add_argument("--max-batch", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default=None)
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--json", default=None)
+    p.add_argument("--plot", default=None, help="HTML (and PNG where kaleido is installed)")
+    args = vars(p.parse_args(argv))
+    try:
+        args["modes"] = parse_modes(args["modes"])
+    except ValueError as e:
+        p.error(str(e))
+    return ServeConfig(**args)

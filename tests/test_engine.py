@@ -1,0 +1,100 @@
+"""The serving engine on the real embedded model: batched waves write what each request writes alone,
+admission keeps reservations within the budget, a full queue refuses in Chinese, cancelled requests end
+and release what they held, and the pool's reference counts return to zero when idle."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from couplet.engine import BUSY_MESSAGE, Engine, EngineBusy, EngineConfig
+from couplet.generate import CoupletRequest, generate, prepare
+from couplet.kvcache import MODES, PrefixPool
+
+pytestmark = pytest.mark.slow  # loads the embedded model
+torch.set_num_threads(1)
+
+PHRASES = ["龙马精神", "春风", "五福临门"]  # prompts of different lengths: the wave is left-padded
+
+
+def wait_idle(engine: Engine, seconds: float = 30.0) -> None:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        st = engine.stats()
+        if st.in_flight == 0 and st.waiting == 0:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"engine still busy: {engine.stats()}")
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_wave_writes_what_each_request_writes_alone(embedded_lm, mode: str) -> None:
+    with Engine(embedded_lm, EngineConfig(kv_budget_mb=64, pool_mb=8)) as engine:
+        tickets = [engine.submit(CoupletRequest(p), mode) for p in PHRASES]
+        results = [list(t)[-1].result for t in tickets]
+        wait_idle(engine)
+        st = engine.stats()
+        assert st.peak_in_flight == len(PHRASES) and st.pool_refs == 0 and st.reserved_bytes == 0
+    for phrase, r in zip(PHRASES, results, strict=True):
+        alone = generate(embedded_lm, CoupletRequest(phrase), mode, PrefixPool())
+        assert (r.upper, r.lower, r.hengpi) == (alone.upper, alone.lower, alone.hengpi), (mode, phrase)
+    # what the wave holds (its rows' share of the padded batch) never exceeds what its rows reserved
+    assert sum(max(s.kv_bytes for s in r.steps) for r in results) <= sum(t.reserve_decode for t in tickets)
+
+
+def test_admission_keeps_reservations_within_the_budget(embedded_lm) -> None:
+    prep = prepare(embedded_lm, CoupletRequest("吉祥如意"))
+    probe = Engine(embedded_lm, EngineConfig(kv_budget_mb=64, pool_mb=1))
+    one = probe.submit(CoupletRequest("吉祥如意"), "full", prep=prep)
+    list(one)
+    probe.close()
+    budget_mb = 1 + 2.5 * one.reserve_prefill / 2**20  # room for two `full` requests, not three
+    with Engine(embedded_lm, EngineConfig(kv_budget_mb=budget_mb, pool_mb=1)) as engine:
+        tickets = [engine.submit(CoupletRequest("吉祥如意"), "full", prep=prep) for _ in range(5)]
+        couplets = {(r.upper, r.lower) for r in (list(t)[-1].result for t in tickets)}
+        wait_idle(engine)
+        st = engine.stats()
+        assert st.peak_in_flight == 2 and st.peak_reserved_bytes <= engine.budget
+        assert st.pool_refs == 0 and st.reserved_bytes == 0
+    assert len(couplets) == 1  # the same request, the same couplet, whoever shared the batch
+    assert all(t.admitted is not None and t.first_token is not None and t.finished is not None for t in tickets)
+
+
+def test_a_full_queue_and_an_oversized_request_are_refused_in_chinese(embedded_lm) -> None:
+    prep = prepare(embedded_lm, CoupletRequest("春风"))
+    with Engine(embedded_lm, EngineConfig(kv_budget_mb=1.5, pool_mb=1)) as engine:
+        with pytest.raises(EngineBusy, match="超出总预算"):
+            engine.submit(CoupletRequest("春风"), "full", prep=prep)  # 0.5 MB can never hold a full prompt
+    # room for one prefill at a time (~1.2 MB at float32), two may wait
+    with Engine(embedded_lm, EngineConfig(kv_budget_mb=3.0, pool_mb=1, max_waiting=2)) as engine:
+        accepted, refused = [], 0
+        for _ in range(40):
+            try:
+                accepted.append(engine.submit(CoupletRequest("春风"), "int4", prep=prep))
+            except EngineBusy as e:
+                assert str(e) == BUSY_MESSAGE
+                refused += 1
+        assert refused > 0
+        for t in accepted:
+            assert list(t)[-1].result is not None  # every accepted request still gets its couplet
+        wait_idle(engine)
+        assert engine.stats().pool_refs == 0
+
+
+def test_cancelled_requests_end_and_release_what_they_held(embedded_lm) -> None:
+    with Engine(embedded_lm, EngineConfig(kv_budget_mb=64, pool_mb=8)) as engine:
+        keep, drop = (engine.submit(CoupletRequest("龙马精神"), "shared") for _ in range(2))
+        first = next(iter(drop))
+        assert first.record.step == 0
+        drop.cancel()
+        assert list(keep)[-1].result is not None
+        assert all(p.result is None for p in drop)  # it stops receiving progress, and its stream ends
+        alone = [engine.submit(CoupletRequest("春风"), "combo") for _ in range(2)]
+        next(iter(alone[0]))
+        for t in alone:  # every row of a wave cancelled: the wave ends early
+            t.cancel()
+        wait_idle(engine)
+        st = engine.stats()
+        assert st.pool_refs == 0 and st.reserved_bytes == 0 and st.kv_bytes == 0

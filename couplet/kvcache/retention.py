@@ -151,7 +151,8 @@ def evict(retention: Retention, cache: CompressedCache, rows: list[RowState], pr
     protected = torch.tensor([r.protected + [-2] * (width - len(r.protected)) for r in rows], device=dev) \
         if width else None
     per_row = torch.tensor([[r.seen, forced_below(retention, r)] for r in rows], device=dev)
-    valid = torch.tensor([r.valid for r in rows], dtype=torch.bool, device=dev)
+    valid = None if all(all(r.valid) for r in rows) else torch.tensor([r.valid for r in rows], dtype=torch.bool,
+                                                                      device=dev)  # batch 1: no padding, no filler
     assert cache.meta.pos is not None
     view = ScoreView(cache.meta.pos, cache.meta.score, per_row[:, 0].float().view(1, -1, 1, 1), cache)
     cache.evict(plan(retention, view, valid, residual, keep, per_row[:, 1], protected), keep_residual=True)
@@ -160,14 +161,14 @@ def evict(retention: Retention, cache: CompressedCache, rows: list[RowState], pr
         row.valid = [True] * k + [False] * (width - k) + row.valid[owned - residual:]
 
 
-def plan(retention: Retention, view: ScoreView, valid: torch.Tensor, residual: int, keep: list[int],
+def plan(retention: Retention, view: ScoreView, valid: torch.Tensor | None, residual: int, keep: list[int],
          forced_below: torch.Tensor, protected: torch.Tensor | None) -> torch.Tensor:
     """Which owned slots every layer keeps: index (layers, batch, kv_heads, kept); rows keeping fewer than the
     longest end with filler slots (the session marks them invalid).
 
-    valid (batch, slots) bool: real tokens; the last `residual` slots are kept in place; keep[row] candidates
-    kept per row; forced_below (batch,): positions below it are forced; protected (batch, k) logical
-    positions, -2 padded, or None.
+    valid (batch, slots) bool: real tokens (None: all are); the last `residual` slots are kept in place;
+    keep[row] candidates kept per row; forced_below (batch,): positions below it are forced; protected
+    (batch, k) logical positions, -2 padded, or None.
     """
     pos = view.pos
     n, b, h, s = pos.shape
@@ -181,7 +182,9 @@ def plan(retention: Retention, view: ScoreView, valid: torch.Tensor, residual: i
         hit = (cand[..., None] == protected.view(b, 1, 1, -1)).any(-1)  # (…, slots, k) -> any
         tier = torch.where(forced, 3.0, torch.where(hit, 2.0, 1.0))
     score = retention.score(view)[..., : s - residual]
-    priority = (tier + 0.5 * score.clamp(0, 1)).masked_fill_(~valid[None, :, None, : s - residual], float("-inf"))
+    priority = tier + 0.5 * score.clamp(0, 1)
+    if valid is not None:
+        priority.masked_fill_(~valid[None, :, None, : s - residual], float("-inf"))
     top = priority.topk(width, dim=-1).indices  # (layers, batch, heads, width), best first
     # (batch, width): rows keeping fewer than `width` end with filler; built on the host in one go
     filler = torch.tensor([[i >= k for i in range(width)] for k in keep], dtype=torch.bool, device=dev)

@@ -215,6 +215,29 @@ def test_concurrent_visitors_each_get_their_own_couplet(client):
         assert [(r["upper"], r["lower"], r["hengpi"]) for r in results] == \
             [(r["upper"], r["lower"], r["hengpi"]) for r in alone[kw]]
         assert gate_lines(out[GATE]) == (results[0]["upper"], results[0]["lower"], results[0]["hengpi"])
+    assert_engine_idle()
+
+
+def assert_engine_idle(seconds: float = 30.0) -> None:
+    """The app's engine (same process as the live app) holds nothing once every visitor is done."""
+    import app
+
+    deadline = time.time() + seconds
+    while (st := app.engine().stats()).in_flight or st.waiting:
+        assert time.time() < deadline, st
+        time.sleep(0.05)
+    assert st.pool_refs == 0 and st.reserved_bytes == 0 and st.kv_bytes == 0, st
+
+
+def test_a_visitor_who_leaves_releases_what_the_engine_held(client):
+    job = client.submit(*args("五福临门", modes=["shared", "combo"]), api_name="/couplet")
+    deadline = time.time() + 30
+    while not job.outputs() and time.time() < deadline:  # the first step has streamed back
+        time.sleep(0.01)
+    job.cancel()  # the visitor closes the page: Gradio closes the handler's generator
+    assert_engine_idle()
+    out = couplet(client, "五福临门", modes=["full"])  # and the page still works for the next one
+    assert out[RESULTS][0]["upper"].startswith("五福")
 
 
 def test_static_route_serves_the_font_and_nothing_outside_assets(live_app):

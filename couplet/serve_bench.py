@@ -102,6 +102,11 @@ def run_mode(lm: LoadedModel, mode: str, budget_mb: float, cfg: ServeConfig, typ
             samples.append((st.in_flight, st.kv_bytes + st.pool_bytes))
             time.sleep(0.01)
 
+    cuda = lm.device.startswith("cuda")
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
     watcher = threading.Thread(target=monitor, daemon=True)
     watcher.start()
     tickets: list[Ticket] = []
@@ -142,6 +147,8 @@ def run_mode(lm: LoadedModel, mode: str, budget_mb: float, cfg: ServeConfig, typ
         "tpot_p50_ms": pct(tpot, 50), "tpot_p90_ms": pct(tpot, 90), "tpot_p99_ms": pct(tpot, 99),
         "e2e_p50_ms": pct(e2e, 50), "e2e_p90_ms": pct(e2e, 90), "e2e_p99_ms": pct(e2e, 99),
         "pool_refs_after": stats.pool_refs,
+        # real device memory above the weights (KV caches, activations, allocator slack); None on CPU
+        "device_peak_bytes": torch.cuda.max_memory_allocated() - base if cuda else None,
     }
     return row, couplets
 

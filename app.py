@@ -11,6 +11,7 @@ the same outputs.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from collections.abc import Iterator
@@ -29,7 +30,7 @@ from couplet.generate import CoupletRequest
 from couplet.kvcache import MODE_INFO, MODES
 from couplet.model import LoadedModel, load_model
 from couplet.text import CoupletInputError
-from couplet.view import about_markdown, checks_html, mode_label, modes_table_html
+from couplet.view import about_markdown, checks_html, mode_label, modes_table_html, peak_panel_html
 
 try:  # ZeroGPU on Hugging Face Spaces; elsewhere a no-op
     import spaces
@@ -68,6 +69,16 @@ def engine() -> Engine:
     if _engine is None:
         _engine = Engine(model(), EngineConfig(kv_budget_mb=KV_BUDGET_MB, pool_mb=min(8.0, KV_BUDGET_MB / 4)))
     return _engine
+
+
+PEAK_BENCH = ASSETS_DIR / "bench" / "serve.json"  # `python -m couplet.bench serve --json` output, committed
+
+
+def load_peak_bench() -> dict | None:
+    try:
+        return json.loads(PEAK_BENCH.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def live_line() -> str:
@@ -181,6 +192,8 @@ def build_app() -> gr.Blocks:
             mem_plot = gr.Plot(label="每步设备内存", show_label=False, elem_id="mem-plot")
         table = gr.HTML(modes_table_html({}), elem_id="table-box", container=True, padding=True)
         payload = gr.JSON(visible=False, label="结果 JSON")
+        with gr.Accordion("高峰：同一 KV 预算，各模式能同时接待多少访客", open=False, elem_id="peak"):
+            gr.HTML(peak_panel_html(load_peak_bench()))
         with gr.Accordion("关于：KV 缓存与各模式", open=False, elem_id="about"):
             gr.Markdown(about_markdown(os.path.basename(lm.source.rstrip("/")) or lm.source, lm.parameters,
                                        lm.device, str(lm.dtype).removeprefix("torch."), versions()))

@@ -171,7 +171,8 @@ def main(cfg: ServeConfig) -> dict:
     modes = ["full", *(m for m in cfg.modes if m != "full")]  # full first: the reference of every ratio
     out: dict = {"device": lm.device, "dtype": str(next(lm.model.parameters()).dtype).removeprefix("torch."),
                  "model": lm.source, "config": {k: v for k, v in asdict(cfg).items() if k not in ("json", "plot")},
-                 "distinct_phrases": len(set(typed)), "date": time.strftime("%Y-%m-%d"), "runs": []}
+                 "distinct_phrases": len(set(typed)), "date": time.strftime("%Y-%m-%d"),
+                 "command": "python -m couplet.bench serve " + " ".join(sys.argv[2:]), "runs": []}
     for budget in budgets:
         rows: dict[str, dict] = {}
         reference: dict[str, tuple[str, str]] = {}

@@ -113,3 +113,35 @@ def about_markdown(model_name: str, parameters: int, device: str, dtype: str, ve
 - 设备：{escape(device)}；Python {platform.python_version()}
 - 版本：{escape(vers)}
 """
+
+
+def peak_panel_html(bench: Mapping | None) -> str:
+    """The 高峰 panel: from a `python -m couplet.bench serve` JSON, how many visitors each mode holds at once
+    at the same KV budget, with its throughput and latency; the command, date and device it came from."""
+    if not bench:
+        return '<div id="peak-panel"><p>尚无高峰测试结果（运行 <code>python -m couplet.bench serve</code>）。</p></div>'
+    run, cfg = bench["runs"][0], bench["config"]
+    rows = run["modes"]
+    top = max(r["admitted_concurrency"] for r in rows.values()) or 1.0
+    bars = []
+    for mode, r in rows.items():
+        width = 100 * r["admitted_concurrency"] / top
+        bars.append(
+            f'<tr data-mode="{escape(mode)}"><td>{escape(mode_label(mode))}</td>'
+            f'<td class="bar-cell"><span class="bar" style="width:{width:.0f}%;background:{mode_color(mode)}"></span>'
+            f' 平均 {r["admitted_concurrency"]:.1f} 人（最多 {r["admitted_concurrency_peak"]}）</td>'
+            f'<td>{r["kv_per_request_bytes"] / 1024:.0f} KB</td><td>{r["throughput_tok_s"]:.0f} 字/秒'
+            f'（{r["throughput_ratio"]:.2f}×）</td><td>{r["ttft_p50_ms"] / 1000:.1f} 秒</td>'
+            f'<td>{r["identical_rate"]:.0%}</td></tr>')
+    head = ("<tr><th>模式</th><th>同时接待（同一预算）</th><th>每人 KV</th><th>吞吐（相对完整缓存）</th>"
+            "<th>首字等待（中位）</th><th>与完整缓存一致</th></tr>")
+    full, combo = rows.get("full"), rows.get("combo")
+    lead = ""
+    if full and combo:
+        lead = (f"<p>KV 预算 {run['budget_mb']:g} MB：完整缓存平均同时接待 {full['admitted_concurrency']:.1f} 位访客，"
+                f"组合策略 {combo['admitted_concurrency']:.1f} 位。</p>")
+    where = escape(f"{bench['device']}，{bench['dtype']}，{bench['date']}")
+    command = escape(bench.get("command", ""))
+    source = (f'<p class="bench-source">{cfg["visitors"]} 位访客（关键词按齐夫分布），{where}；'
+              f"命令：<code>{command}</code></p>")
+    return f'<div id="peak-panel">{lead}<table class="modes peak">{head}{"".join(bars)}</table>{source}</div>'

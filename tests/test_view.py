@@ -1,0 +1,25 @@
+"""The 高峰 panel renders a serving-benchmark JSON as the page shows it."""
+
+from __future__ import annotations
+
+import re
+
+from couplet.view import peak_panel_html
+
+
+def bench(modes: dict[str, float]) -> dict:
+    row = {"admitted_concurrency_peak": 9, "kv_per_request_bytes": 2048, "throughput_tok_s": 100.0,
+           "throughput_ratio": 1.0, "ttft_p50_ms": 1500.0, "identical_rate": 1.0}
+    return {"device": "cpu", "dtype": "float32", "date": "2026-12-03", "command": "python -m couplet.bench serve <x>",
+            "config": {"visitors": 40},
+            "runs": [{"budget_mb": 14.0, "modes": {m: {**row, "admitted_concurrency": c} for m, c in modes.items()}}]}
+
+
+def test_the_peak_panel_says_how_many_each_mode_holds_and_where_the_figures_come_from() -> None:
+    html = peak_panel_html(bench({"full": 6.7, "combo": 28.1}))
+    assert "KV 预算 14 MB：完整缓存平均同时接待 6.7 位访客，组合策略 28.1 位。" in html
+    assert re.findall(r'<tr data-mode="(\w+)"', html) == ["full", "combo"]
+    widths = [float(w) for w in re.findall(r'class="bar" style="width:(\d+)%', html)]
+    assert widths == [24.0, 100.0]  # bars scale with the mean concurrency
+    assert "2026-12-03" in html and "&lt;x&gt;" in html  # the command is shown, escaped
+    assert "尚无高峰测试结果" in peak_panel_html(None)

@@ -6,7 +6,8 @@ a time, at the same KV budget; what compression buys in concurrency and throughp
     python -m couplet.bench serve --budgets 4,8,16 --visitors 200   # a sweep over budgets (MB)
 
 Workload: `--visitors` requests whose keyword phrases follow a Zipf law (s = `--zipf`, 1.1) over the dev
-list plus the 横批 phrases (237 phrases): many type the popular ones, few the rare ones. They arrive at once
+list, the 横批 phrases and their halves (`phrases()`): many type the popular ones, few the rare ones.
+They arrive at once
 (`--rate 0`) or as a Poisson process of `--rate` per second. Greedy, 7-character lines.
 
 Per mode, in vLLM `bench serve`'s vocabulary: requests/s and output tokens/s (characters written), admitted
@@ -64,8 +65,10 @@ class ServeConfig:
 
 
 def phrases() -> list[str]:
+    """What visitors type: the dev list, the 横批 phrases, and their two-character halves (春风, 平安 …)."""
     dev = [s.strip() for s in DEV_KEYWORDS.read_text(encoding="utf-8").splitlines() if s.strip()]
-    return list(dict.fromkeys([*dev, *HENGPI_PHRASES]))
+    halves = [h for p in HENGPI_PHRASES for h in (p[:2], p[2:])]
+    return list(dict.fromkeys([*dev, *HENGPI_PHRASES, *halves]))
 
 
 def workload(cfg: ServeConfig) -> tuple[list[str], list[float]]:
@@ -153,6 +156,24 @@ def run_mode(lm: LoadedModel, mode: str, budget_mb: float, cfg: ServeConfig, typ
     return row, couplets
 
 
+def engine_overhead(lm: LoadedModel, reps: int = 2) -> dict:
+    """Batch-1 latency of one `full` couplet through the engine against a direct `generate` call, paired per
+    phrase (alternating, so load drift hits both alike): the median of the ratios."""
+    from couplet.generate import generate
+
+    words = phrases()[:8]
+    ratios = []
+    with Engine(lm, EngineConfig(kv_budget_mb=64, pool_mb=4)) as engine:
+        for _ in range(reps):
+            for w in words:
+                t0 = time.perf_counter()
+                generate(lm, CoupletRequest(w), "full")
+                t1 = time.perf_counter()
+                engine.generate(CoupletRequest(w), "full")
+                ratios.append((time.perf_counter() - t1) / (t1 - t0))
+    return {"engine_over_direct_p50": statistics.median(ratios), "pairs": len(ratios)}
+
+
 def default_budget(lm: LoadedModel, cfg: ServeConfig) -> float:
     """Room for 8 `full` requests of the longest prompt in the workload, plus the pool's budget (MB)."""
     from couplet.kvcache.base import KVGeometry
@@ -183,11 +204,14 @@ def main(cfg: ServeConfig) -> dict:
             row["identical_rate"] = statistics.fmean(couplets[p] == reference[p] for p in couplets)
             row["throughput_ratio"] = row["throughput_tok_s"] / rows["full"]["throughput_tok_s"] if rows else 1.0
             rows[mode] = row
-            print(f"budget {budget} MB, {mode}: {json.dumps({k: round(v, 3) for k, v in row.items()})}",
-                  file=sys.stderr, flush=True)
+            shown = {k: v if v is None else round(v, 3) for k, v in row.items()}
+            print(f"budget {budget} MB, {mode}: {json.dumps(shown)}", file=sys.stderr, flush=True)
         out["runs"].append({"budget_mb": budget, "modes": rows})
     out["modes"] = out["runs"][0]["modes"]
+    out["engine_overhead"] = engine_overhead(lm)
     print(markdown(out))
+    print(f"\nengine overhead, batch 1: {out['engine_overhead']['engine_over_direct_p50']:.2f}x a direct call "
+          f"(median of {out['engine_overhead']['pairs']} paired runs)")
     if cfg.json:
         Path(cfg.json).write_text(json.dumps(out, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
     if cfg.plot:

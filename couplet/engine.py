@@ -34,7 +34,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from couplet.events import CoupletResult
-from couplet.generate import CoupletRequest, Decoding, Prepared, Progress, Round, prepare
+from couplet.generate import CoupletRequest, Decoding, Prepared, Progress, Round, lockstep, prepare
 from couplet.kvcache import PrefixPool, make_mode, parse_modes
 from couplet.kvcache.base import KVGeometry
 from couplet.lexicon import DEFAULT_VOICE, VoiceConfig
@@ -156,22 +156,8 @@ class Engine:
         slowest mode), served by the engine; closing the iterator cancels what has not finished."""
         prep = prepare(self.lm, request, prompt, voice)
         tickets = {m: self.submit(request, m, prep=prep) for m in modes}
-        state = Round({}, {m: [] for m in modes}, {})
-        iters = {m: iter(t) for m, t in tickets.items()}
         try:
-            while iters:
-                for m in list(iters):
-                    p = next(iters[m], None)
-                    if p is None:
-                        del iters[m]
-                        continue
-                    state.latest[m] = p
-                    state.records[m].append(p.record)
-                    if p.result is not None:
-                        state.results[m] = p.result
-                if iters and len(state.latest) == len(modes):
-                    yield Round(dict(state.latest), {m: list(r) for m, r in state.records.items()},
-                                dict(state.results))
+            yield from lockstep({m: iter(t) for m, t in tickets.items()})
         finally:
             for t in tickets.values():
                 t.cancel()

@@ -304,20 +304,25 @@ def stream_modes(lm: LoadedModel, request: CoupletRequest, modes: Sequence[str],
 
     Yields a Round after every round of steps; the last one has every mode's result."""
     prep = prepare(lm, request, prompt, voice)
-    runs = {m: decode(lm, prep, m, pool) for m in modes}
-    state = Round({}, {m: [] for m in modes}, {})
-    while runs:
-        for m in list(runs):
-            try:
-                p = next(runs[m])
-            except StopIteration:
-                del runs[m]
+    return lockstep({m: decode(lm, prep, m, pool) for m in modes})
+
+
+def lockstep(streams: dict[str, Iterator[Progress]]) -> Iterator[Round]:
+    """Take one Progress from every stream per round; yield a Round (a snapshot: a consumer may keep them)
+    after every round in which a stream was still running. Used for local decoding and for the engine."""
+    live = dict(streams)
+    state = Round({}, {m: [] for m in streams}, {})
+    while live:
+        for m in list(live):
+            p = next(live[m], None)
+            if p is None:
+                del live[m]
                 continue
             state.latest[m] = p
             state.records[m].append(p.record)
             if p.result is not None:
                 state.results[m] = p.result
-        if runs:  # a snapshot: a consumer may keep the rounds
+        if live:
             yield Round(dict(state.latest), {m: list(r) for m, r in state.records.items()}, dict(state.results))
 
 

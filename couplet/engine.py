@@ -39,7 +39,7 @@ from couplet.kvcache import PrefixPool, make_mode, parse_modes
 from couplet.kvcache.base import KVGeometry
 from couplet.lexicon import DEFAULT_VOICE, VoiceConfig
 from couplet.model import LoadedModel
-from couplet.prompt import DEFAULT_PROMPT, PromptConfig
+from couplet.prompt import DEFAULT_PROMPT, PromptConfig, house_ids
 
 MB = 2**20
 BUSY_MESSAGE = "此刻拜年的人太多，门前已排起长队，请稍候片刻再来。"
@@ -137,7 +137,9 @@ class Engine:
         parse_modes([mode], allow_all=False)
         prep = prep or prepare(self.lm, request, prompt, voice)
         total = len(prep.prompt) + 2 * prep.length
-        prefill, decode = make_mode(mode).compose().owned_peak_bytes(len(prep.prompt), total, self.geometry)
+        shared = 1 + len(house_ids(self.lm.tokenizer, prep.context.house)) if prep.context.house else 0
+        prefill, decode = make_mode(mode).compose().owned_peak_bytes(len(prep.prompt), total, self.geometry,
+                                                                     shared_prefix=shared)
         ticket = Ticket(prep, mode, max(prefill, decode), decode)  # the prefill may be the smaller (full)
         if max(prefill, decode) > self.budget:
             raise EngineBusy(f"{BUSY_MESSAGE}（单个请求需 {max(prefill, decode) / MB:.1f} MB，超出总预算）")

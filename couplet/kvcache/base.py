@@ -65,16 +65,23 @@ class Composition:
     retention: Retention | None = None
     sharing: SharingPolicy | None = None
 
-    def owned_peak_bytes(self, prompt: int, total: int, geometry: KVGeometry) -> tuple[int, int]:
+    def owned_peak_bytes(self, prompt: int, total: int, geometry: KVGeometry,
+                         shared_prefix: int | None = None) -> tuple[int, int]:
         """Upper bounds of the KV bytes a request owns (pool blocks aside: the pool keeps its own budget), for
         `prompt` tokens and `total` fed in all (as announced with `ModeSession.expect`): (during the prefill,
-        from then on). What a serving engine admits by.
+        from then on). What a serving engine admits by. `shared_prefix`: the prompt tokens every request in a
+        batch shares (the house prefix); None: all of them (a request alone).
 
-        The prefill holds every prompt token it computes at full precision until the forward ends (a store
-        quantizes, a retention policy evicts, after the forward); from then on a request holds what its
-        retention keeps (budget, or the forced tokens if more), plus up to 2 tokens fed before the next
-        eviction, at its storage format's bytes (per-token layout), plus any full-precision residual."""
-        pooled = 0 if self.sharing is None else (prompt - 1) // self.sharing.block_size * self.sharing.block_size
+        The prefill may hold every prompt token at full precision until the forward ends (a cold pool: the
+        rows own their prompt until it is published; a store quantizes, a retention policy evicts, after the
+        forward); from then on a request holds what its retention keeps (budget, or the forced tokens if
+        more) plus up to 2 tokens fed before the next eviction, less the whole blocks of the shared prefix
+        (a batch references only the blocks all its rows have), at its storage format's bytes (per-token
+        layout), plus any full-precision residual."""
+        pooled = 0
+        if self.sharing is not None:
+            common = prompt - 1 if shared_prefix is None else min(prompt - 1, shared_prefix)
+            pooled = common // self.sharing.block_size * self.sharing.block_size
         kept = total
         if self.retention is not None:
             r = self.retention
@@ -83,8 +90,7 @@ class Composition:
         per_token = 2 * geometry.layers * geometry.kv_heads * self.storage.row_bytes(geometry.head_dim,
                                                                                      geometry.dtype_bytes)
         residual = getattr(self.storage, "residual", 0) * geometry.token_bytes
-        prefill = (prompt - pooled) * geometry.token_bytes
-        return prefill, int(max(kept - pooled, 0) * per_token + residual + 0.999)
+        return prompt * geometry.token_bytes, int(max(kept - pooled, 0) * per_token + residual + 0.999)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import gc
 import pytest
 import torch
 
-from couplet.kvcache import PrefixPool, make_mode
+from couplet.kvcache import MODES, PrefixPool, make_mode
 from couplet.kvcache.pool import chain_keys
 
 # These prompts are a few tokens long: 2-token blocks (the default, 8, suits the ~415-token couplet prompt)
@@ -60,7 +60,7 @@ def test_chains_are_evicted_leaf_first() -> None:
     assert b"l" not in pool and b"r" in pool and b"m" in pool
 
 
-@pytest.mark.parametrize("mode", ["shared", "combo"])
+@pytest.mark.parametrize("mode", [m for m in MODES if make_mode(m).compose().sharing is not None])
 def test_sessions_release_every_reference(tiny_llama, mode: str) -> None:
     pool = PrefixPool()
     prompt = torch.tensor([[1, 7, 12, 30, 5, 44, 9]])

@@ -1,11 +1,11 @@
 """Latency of the page as a visitor gets it: launch the app on 127.0.0.1, then through gradio_client time,
 per request, the first update with a character on the gate and the last update (every selected mode done).
 
-    python scripts/bench_app.py                  # 5 runs per keyword set, all seven modes
+    python scripts/bench_app.py                  # 5 runs per keyword set, every mode
     python scripts/bench_app.py --reps 2 --keywords 龙马精神 春风 --modes full int4
 
 A benchmark, not a test: it prints a table (median and p90 per keyword set and over all runs) and a one-line
-summary against the issue's targets (first character <= 0.5 s, all seven modes <= 3 s on CPU). Each keyword
+summary against the issue's targets (first character <= 0.5 s, every mode <= 3 s on CPU). Each keyword
 set is run once unmeasured first (the prefix pool and caches warm up as on a live Space).
 """
 

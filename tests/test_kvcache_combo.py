@@ -12,7 +12,7 @@ from couplet.kvcache import PrefixPool, make_mode
 torch.set_num_threads(1)
 
 PROMPT = [1, 7, 12, 30, 5, 44, 9, 3]  # 8 tokens: with block_size 2, the last block ends the prompt
-LOSSY = [("combo", {"block_size": 2}), ("combo", {"bits": 8, "block_size": 2}),
+LOSSY = [("combo", {"block_size": 2}), ("combo", {"bits": 4, "ratio": 0.5, "block_size": 2}),
          ("combo", {"block_size": 3, "ratio": 0.4})]
 
 

@@ -53,10 +53,10 @@ MODE_INFO: dict[str, ModeInfo] = {
                      "#8a5a00", lossless=False, byte_target=0.32, knob="residual", sweep=(0, 1, 2, 4)),  # bronze
     "shared": ModeInfo(SharedPolicy, "共享前缀缓存", "相同的提示词前缀只算一次、只存一份，所有请求共用。",
                        "#1f5f8b", lossless=True, byte_target=1.0),  # palace blue
-    # combo keeps the prompt whole (int4, in the pool): one request alone holds ~int4's share of a long
-    # prompt (0.25x at 100 prompt tokens, bf16); visitors sharing the house prefix split its blocks' bytes
-    "combo": ModeInfo(ComboPolicy, "组合策略", "提示词共享并量化，生成部分选择性保留并量化存储。",
-                      "#b22222", lossless=False, byte_target=0.30, knob="ratio", sweep=RATIOS[:-1]),  # vermilion
+    # combo (int8 + the pool): one request alone holds ~int8's share (0.53x, bf16); visitors who share the
+    # house prefix split its blocks' bytes (0.087x per request on the Zipf burst, see combo.py)
+    "combo": ModeInfo(ComboPolicy, "组合策略", "提示词经共享前缀池只算一次、只存一份，全部键值以 8 位整数存储。",
+                      "#b22222", lossless=False, byte_target=0.55, knob="ratio", sweep=RATIOS),  # vermilion
 }
 
 MODES: dict[str, type[Policy]] = {name: info.policy for name, info in MODE_INFO.items()}

@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from couplet.kvcache.attention import install_attention
-from couplet.kvcache.layer import CompressedCache, FullCache, attention_layers
+from couplet.kvcache.layer import CompressedCache, FullCache, KVGeometry, attention_layers
 from couplet.kvcache.pool import PrefixPool
 from couplet.kvcache.storage import BlockCodec, PlainCodec, PlainStore, Store
 
@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 
 class Storage(Protocol):
     """A storage format: the per-layer store of a request's own rows, and the pool blocks' codec."""
+
+    @property
+    def residual(self) -> int: ...  # newest tokens kept at full precision
 
     def make_store(self) -> Store: ...
     def codec(self) -> BlockCodec: ...
@@ -45,6 +48,8 @@ class SharingPolicy(Protocol):
 @dataclass(frozen=True)
 class PlainStorage:
     """Keys and values at the model's dtype."""
+
+    residual: ClassVar[int] = 0  # everything is at full precision; nothing extra
 
     def make_store(self) -> PlainStore:
         return PlainStore()
@@ -89,30 +94,8 @@ class Composition:
             kept = min(total, max(r.budget(total, total), forced) + 2)
         per_token = 2 * geometry.layers * geometry.kv_heads * self.storage.row_bytes(geometry.head_dim,
                                                                                      geometry.dtype_bytes)
-        residual = getattr(self.storage, "residual", 0) * geometry.token_bytes
+        residual = self.storage.residual * geometry.token_bytes
         return prompt * geometry.token_bytes, int(max(kept - pooled, 0) * per_token + residual + 0.999)
-
-
-@dataclass(frozen=True)
-class KVGeometry:
-    """What one token's keys and values take in a model: `token_bytes` uncompressed, all layers."""
-
-    layers: int
-    kv_heads: int
-    head_dim: int
-    dtype_bytes: int
-
-    @property
-    def token_bytes(self) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
-
-    @classmethod
-    def of(cls, model: Any) -> KVGeometry:
-        config = model.config.get_text_config()
-        heads = config.num_attention_heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        return cls(config.num_hidden_layers, kv_heads, head_dim, next(model.parameters()).element_size())
 
 
 class Policy:

@@ -21,6 +21,7 @@ same slots), so no per-head mask is ever needed.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,14 +30,34 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 from couplet.kvcache.storage import BlockCodec, QuantStore, Store, storage_bytes
 
 
-def attention_layers(model: Any) -> tuple[int, int]:
-    """(layers, kv_heads); compressed caches support full-attention layers only."""
-    config = model.config.get_text_config()
-    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
+@dataclass(frozen=True)
+class KVGeometry:
+    """What one token's keys and values take in a model: `token_bytes` uncompressed, all layers."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype_bytes: int
+
+    @property
+    def token_bytes(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+    @classmethod
+    def of(cls, model: Any) -> KVGeometry:
+        config = model.config.get_text_config()
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        return cls(config.num_hidden_layers, kv_heads, head_dim, next(model.parameters()).element_size())
+
+
+def attention_layers(model: Any) -> KVGeometry:
+    """The model's KV geometry; compressed caches support full-attention layers only."""
+    kinds = set(getattr(model.config.get_text_config(), "layer_types", None) or ["full_attention"])
     if kinds != {"full_attention"}:
         raise ValueError(f"compressed caches support full-attention layers only; this model has {sorted(kinds)}")
-    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    return int(config.num_hidden_layers), int(heads)
+    return KVGeometry.of(model)
 
 
 class SlotMeta:
@@ -187,12 +208,12 @@ class CompressedLayer(DynamicLayer):
 class CompressedCache(Cache):
     """A transformers `Cache` of `CompressedLayer`s, one per model layer, sharing one `SlotMeta`."""
 
-    def __init__(self, geometry: tuple[int, int], make_store: Callable[[], Store], wants_scores: bool = False,
+    def __init__(self, geometry: KVGeometry, make_store: Callable[[], Store], wants_scores: bool = False,
                  track_positions: bool = True, score_decay: float = 1.0) -> None:
-        """geometry: (layers, kv_heads), `attention_layers(model)`; `track_positions`: keep slot positions
+        """geometry: `attention_layers(model)`; `track_positions`: keep slot positions
         (needed by retention; modes that never evict skip them); `score_decay`: `SlotMeta.decay`."""
         self.geometry = geometry
-        layers, heads = geometry
+        layers, heads = geometry.layers, geometry.kv_heads
         self.meta = SlotMeta(layers, heads, wants_scores, enabled=track_positions or wants_scores, decay=score_decay)
         self.compressed = [CompressedLayer(make_store, self.meta, i) for i in range(layers)]
         super().__init__(layers=list(self.compressed))  # the same layer objects, typed for this package

@@ -215,7 +215,7 @@ class Sharing:
         keep = [[i for i, p in enumerate(positions[r]) if p >= m2] for r in range(s.batch)]
         width = max(len(k) for k in keep)
         index = torch.tensor([[0] * (width - len(k)) + k for k in keep], dtype=torch.long, device=s.device)
-        layers, heads = cache.geometry
+        layers, heads = cache.geometry.layers, cache.geometry.kv_heads
         cache.evict(index[None, :, None, :].expand(layers, s.batch, heads, width), keep_residual=False)
         for row, k in zip(s.rows, keep, strict=True):
             row.valid = [False] * (width - len(k)) + [True] * len(k)

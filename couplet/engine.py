@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from couplet.events import CoupletResult
 from couplet.generate import CoupletRequest, Decoding, Prepared, Progress, Round, lockstep, prepare
 from couplet.kvcache import PrefixPool, make_mode, parse_modes
-from couplet.kvcache.base import KVGeometry
+from couplet.kvcache.layer import KVGeometry
 from couplet.lexicon import DEFAULT_VOICE, VoiceConfig
 from couplet.model import LoadedModel
-from couplet.prompt import DEFAULT_PROMPT, PromptConfig, house_ids
+from couplet.prompt import DEFAULT_PROMPT, HouseCouplet, PromptConfig, house_ids
 
 MB = 2**20
 BUSY_MESSAGE = "此刻拜年的人太多，门前已排起长队，请稍候片刻再来。"
@@ -120,6 +120,7 @@ class Engine:
         self.pool = PrefixPool(max_bytes=int(self.config.pool_mb * MB))
         self.budget = int((self.config.kv_budget_mb - self.config.pool_mb) * MB)
         self.geometry = KVGeometry.of(lm.model)
+        self._house_tokens: dict[tuple[HouseCouplet, ...], int] = {}
         self._waiting: deque[Ticket] = deque()
         self._waves: list[Wave] = []
         self._reserved = 0
@@ -137,7 +138,7 @@ class Engine:
         parse_modes([mode], allow_all=False)
         prep = prep or prepare(self.lm, request, prompt, voice)
         total = len(prep.prompt) + 2 * prep.length
-        shared = 1 + len(house_ids(self.lm.tokenizer, prep.context.house)) if prep.context.house else 0
+        shared = self._shared_prefix(prep.context.house)
         prefill, decode = make_mode(mode).compose().owned_peak_bytes(len(prep.prompt), total, self.geometry,
                                                                      shared_prefix=shared)
         ticket = Ticket(prep, mode, max(prefill, decode), decode)  # the prefill may be the smaller (full)
@@ -151,6 +152,12 @@ class Engine:
             self._waiting.append(ticket)
             self._lock.notify_all()
         return ticket
+
+    def _shared_prefix(self, house: tuple[HouseCouplet, ...]) -> int:
+        """Prompt tokens every request with this house prefix shares (`<bos>` + the house), tokenized once."""
+        if house not in self._house_tokens:
+            self._house_tokens[house] = 1 + len(house_ids(self.lm.tokenizer, house)) if house else 0
+        return self._house_tokens[house]
 
     def stream(self, request: CoupletRequest, modes: Sequence[str], prompt: PromptConfig = DEFAULT_PROMPT,
                voice: VoiceConfig = DEFAULT_VOICE) -> Iterator[Round]:

@@ -174,8 +174,8 @@ def engine_overhead(lm: LoadedModel, reps: int = 2) -> dict:
 
 
 def default_budget(lm: LoadedModel, cfg: ServeConfig) -> float:
-    """Room for 8 `full` requests of the longest prompt among the first 40 phrases (their prompts run
-    391-415 tokens), plus the pool's budget (MB)."""
+    """Room for 8 `full` requests of the longest prompt among the first 40 phrases (415 tokens for the
+    embedded model), plus the pool's budget (MB)."""
     from couplet.kvcache.layer import KVGeometry
 
     longest = max(len(prepare(lm, CoupletRequest(p)).prompt) for p in phrases()[:40])

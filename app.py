@@ -14,8 +14,10 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 from collections.abc import Iterator
 from importlib.metadata import version
+from typing import Any
 
 import gradio as gr
 import torch
@@ -29,6 +31,8 @@ from couplet.gate import ASSETS_DIR, FONT_PATH, gate_css, render_gate
 from couplet.generate import CoupletRequest
 from couplet.kvcache import MODE_INFO, MODES
 from couplet.model import LoadedModel, load_model
+from couplet.printing import PAPERS_MM, PrintConfig, font_ttf, print_set
+from couplet.share import ShareLink, parse_query, share_url
 from couplet.text import CoupletInputError
 from couplet.view import about_markdown, checks_html, mode_label, modes_table_html, peak_panel_html
 
@@ -108,13 +112,14 @@ def write_duixia(upper: str, temperature: float, seed: float, year: float, modes
                                                    upper=upper or "", task="duixia"), temperature, seed, year, modes)
 
 
-def _stream(make_request, temperature: float, seed: float, year: float, modes: list[str]) -> Iterator[tuple]:
-    notice = ""  # shown in the checks too: gr.Warning toasts do not reach API clients
+def _stream(make_request, temperature: float, seed: float, year: float, modes: list[str],
+            notice: str = "") -> Iterator[tuple]:
+    # `notice` is shown in the checks too: gr.Warning toasts do not reach API clients
     try:
         label = year_label(int(year if year is not None else DEFAULT_YEAR))
     except (TypeError, ValueError, OverflowError):
         label = year_label(DEFAULT_YEAR)
-        notice = f"年份须在 {MIN_YEAR}–{MAX_YEAR} 之间，已改用 {DEFAULT_YEAR} 年。"
+        notice = "；".join(filter(None, [notice, f"年份须在 {MIN_YEAR}–{MAX_YEAR} 之间，已改用 {DEFAULT_YEAR} 年。"]))
         gr.Warning(notice)
     modes = [m for m in MODES if m in (modes or [])] or ["full"]
     shown = "full" if "full" in modes else modes[0]
@@ -136,11 +141,117 @@ def _stream(make_request, temperature: float, seed: float, year: float, modes: l
     except CoupletInputError as e:
         gr.Warning(str(e).split(" (")[0])
         yield _outputs(render_gate("", "", "", year_label=label, opened=False, message=str(e).split(" (")[0]),
-                       checks_html(None, str(e)), {}, modes_table_html({}), [])
+                       checks_html(None, "；".join(filter(None, [str(e), notice]))), {}, modes_table_html({}), [])
     except (ValueError, OverflowError) as e:
         gr.Warning("参数有误，请检查后重试。")
         yield _outputs(render_gate("", "", "", year_label=label, opened=False, message="参数有误，请检查后重试。"),
                        checks_html(None, f"参数有误：{e}"), {}, modes_table_html({}), [])
+
+
+SKIP6 = (gr.skip(),) * 6  # a step that leaves the six outputs of a couplet stream as they are
+
+
+def _year_or_default(year: float) -> int:
+    try:
+        y = int(year)
+    except (TypeError, ValueError, OverflowError):
+        return DEFAULT_YEAR
+    return y if MIN_YEAR <= y <= MAX_YEAR else DEFAULT_YEAR
+
+
+def open_link(request: gr.Request) -> tuple:
+    """A share link's query string → the form (and the tab); the link itself, for `write_from_link`."""
+    link = parse_query(dict(request.query_params) if request is not None else {})
+    keep = gr.skip()
+    return (link.keywords if link.task == "keywords" else keep, link.length, link.acrostic, link.temperature,
+            link.seed, link.year, link.modes, link.upper if link.task == "duixia" else keep,
+            gr.Tabs(selected="duixia" if link.task == "duixia" else "keywords"), link.__dict__)
+
+
+@gpu
+def write_from_link(state: dict | None) -> Iterator[tuple]:
+    """Write the link's couplet at once (a refused keyword gets the form's message); no couplet: nothing."""
+    link = ShareLink(**state) if state else ShareLink()
+    notice = "；".join(link.notes)
+    if link.task == "keywords":
+        yield from _stream(lambda t, s: CoupletRequest(link.keywords, link.length, link.acrostic, t,
+                                                       1.0 if not t else 0.9, s),
+                           link.temperature, link.seed, link.year, link.modes, notice)
+    elif link.task == "duixia":
+        yield from _stream(lambda t, s: CoupletRequest("", temperature=t, top_p=1.0 if not t else 0.9, seed=s,
+                                                       upper=link.upper, task="duixia"),
+                           link.temperature, link.seed, link.year, link.modes, notice)
+    elif notice:
+        yield (gr.skip(), checks_html(None, notice), *SKIP6[2:])
+    else:
+        yield SKIP6
+
+
+def _take_home(payload: list | None, link: ShareLink, request: gr.Request | None) -> tuple:
+    """Once a couplet is written: the share link and the texts the 下载春联 button prints (the shown mode's)."""
+    if not payload:
+        return gr.Group(visible=False), "", "", "", "", gr.File(value=None, visible=False)
+    first = payload[0]  # the gate shows `full` when it ran, else the first mode: payload follows MODES order
+    referer = request.headers.get("referer", "") if request is not None else ""
+    return (gr.Group(visible=True), share_url(referer, link), first["upper"], first["lower"], first["hengpi"],
+            gr.File(value=None, visible=False))
+
+
+def take_home_keywords(payload: list | None, keywords: str, length: int, acrostic: bool, temperature: float,
+                       seed: float, year: float, modes: list[str], request: gr.Request) -> tuple:
+    link = ShareLink("keywords", keywords=keywords or "", length=int(length or 7), acrostic=bool(acrostic),
+                     temperature=float(temperature or 0), seed=int(seed or 0), year=_year_or_default(year),
+                     modes=[m for m in MODES if m in (modes or [])] or ["full"])
+    return _take_home(payload, link, request)
+
+
+def take_home_duixia(payload: list | None, upper: str, temperature: float, seed: float, year: float,
+                     modes: list[str], request: gr.Request) -> tuple:
+    link = ShareLink("duixia", upper=upper or "", temperature=float(temperature or 0), seed=int(seed or 0),
+                     year=_year_or_default(year), modes=[m for m in MODES if m in (modes or [])] or ["full"])
+    return _take_home(payload, link, request)
+
+
+def take_home_link(payload: list | None, state: dict | None, request: gr.Request) -> tuple:
+    return _take_home(payload, ShareLink(**state) if state else ShareLink(), request)
+
+
+def print_couplet(upper: str, lower: str, hengpi: str, paper: str = "A4", ink: str = "black") -> list[str]:
+    """The printable set (PDF first, then a PNG and an SVG of each piece) for a couplet; the API's `print`."""
+    try:
+        result = print_set(upper or "", lower or "", hengpi or "", PrintConfig(paper or "A4", ink or "black"))
+    except CoupletInputError as e:
+        raise gr.Error(str(e).split(" (")[0], title="无法生成打印件") from None
+    return [str(f) for f in result.files]
+
+
+# After 下载春联: the browser downloads the PDF at once (the list keeps the PNG/SVG links). The file links appear
+# when the output renders, a moment after this runs: poll for them, briefly.
+DOWNLOAD_PDF_JS = r"""() => {
+  let tries = 0;
+  const poll = () => {
+    const a = [...document.querySelectorAll('#print-files a')].find(x => /\.pdf$/i.test(x.getAttribute('href') || ''));
+    if (a) { a.click(); } else if (++tries < 40) { setTimeout(poll, 100); }
+  };
+  poll();
+}"""
+# Phone widths: fold 更多设置 and the mode list (open on desktop, where the layout stays as it was).
+FOLD_ON_PHONE_JS = """() => {
+  if (!window.matchMedia('(max-width: 480px)').matches) return;
+  let tries = 0;
+  const fold = () => {
+    const open = [...document.querySelectorAll('#more-settings > .label-wrap.open, #modes-fold > .label-wrap.open')];
+    open.forEach(b => b.click());
+    const seen = document.querySelectorAll('#more-settings > .label-wrap, #modes-fold > .label-wrap').length;
+    if (seen < 2 && ++tries < 50) setTimeout(fold, 100);
+  };
+  fold();
+}"""
+
+
+def _endpoint(api: str | None) -> dict[str, Any]:
+    """Public under `api`, or out of the API (Enter's copy of a button's endpoint)."""
+    return {"api_name": api} if api else {"api_visibility": "private"}
 
 
 def versions() -> dict[str, str]:
@@ -149,6 +260,7 @@ def versions() -> dict[str, str]:
 
 def build_app() -> gr.Blocks:
     torch.set_num_threads(TORCH_THREADS)
+    threading.Thread(target=font_ttf, daemon=True).start()  # the print font (seconds, once per machine)
     lm = model()
     load_store()  # the exemplar index (~5 s to build): at start-up, not on the first visitor's request
     engine()  # its worker thread waits for the first visitor
@@ -158,10 +270,11 @@ def build_app() -> gr.Blocks:
         gr.HTML(f'<header id="masthead"><h1>开门见喜 · 春联生成终端</h1>'
                 f'<p class="on-red">{label} · 输入关键词，看小模型写春联，'
                 "也看 KV 缓存压缩省下多少、又改变了什么</p></header>")
-        with gr.Row(equal_height=False):
+        # On a phone (<= 480 px) the columns stack gate first (gate.css: #main-row column-reverse)
+        with gr.Row(equal_height=False, elem_id="main-row"):
             with gr.Column(scale=2, min_width=300, elem_id="controls"):
-                with gr.Tabs(elem_id="tasks"):
-                    with gr.Tab("关键词写春联", elem_id="tab-keywords"):
+                with gr.Tabs(elem_id="tasks") as tasks:
+                    with gr.Tab("关键词写春联", id="keywords", elem_id="tab-keywords"):
                         keywords = gr.Textbox(label="关键词（1–8 个汉字）", value="龙马精神", max_lines=1,
                                               elem_id="keywords")
                         gr.Examples(EXAMPLES, inputs=keywords, label="试试这些", elem_id="examples")
@@ -169,23 +282,45 @@ def build_app() -> gr.Blocks:
                             length = gr.Radio([7, 5], value=7, label="每联字数", elem_id="length")
                             acrostic = gr.Checkbox(False, label="藏头（关键词交替作两联首字）", elem_id="acrostic")
                         button = gr.Button("开门见喜", variant="primary", elem_id="open-btn")
-                    with gr.Tab("对下联", elem_id="tab-duixia"):
+                    with gr.Tab("对下联", id="duixia", elem_id="tab-duixia"):
                         upper = gr.Textbox(label="上联（5 或 7 个汉字）", value="春风送暖千家福", max_lines=1,
                                            elem_id="upper")
                         gr.Examples(UPPER_EXAMPLES, inputs=upper, label="试试这些上联", elem_id="upper-examples")
                         duixia_button = gr.Button("对下联", variant="primary", elem_id="duixia-btn")
-                temperature = gr.Slider(0, 1.5, value=0, step=0.05, label="温度（0 为贪心）", elem_id="temperature")
-                with gr.Row():
-                    seed = gr.Number(0, precision=0, label="随机种子", elem_id="seed")
-                    # no minimum/maximum: Gradio would refuse an out-of-range year in English before
-                    # write_couplet runs; write_couplet falls back to the default year with a Chinese message
-                    year = gr.Number(DEFAULT_YEAR, precision=0, label=f"年份（{MIN_YEAR}–{MAX_YEAR}）", elem_id="year")
-                modes = gr.CheckboxGroup(mode_choices, value=list(MODES), label="KV 缓存模式（同一关键词、同一种子）",
-                                         elem_id="modes")
-            with gr.Column(scale=3, min_width=340):
+                # open on desktop; folded on a phone by FOLD_ON_PHONE_JS
+                with gr.Accordion("更多设置", open=True, elem_id="more-settings"):
+                    temperature = gr.Slider(0, 1.5, value=0, step=0.05, label="温度（0 为贪心）",
+                                            elem_id="temperature")
+                    with gr.Row():
+                        seed = gr.Number(0, precision=0, label="随机种子", elem_id="seed")
+                        # no minimum/maximum: Gradio would refuse an out-of-range year in English before
+                        # write_couplet runs; write_couplet falls back to the default year with a Chinese message
+                        year = gr.Number(DEFAULT_YEAR, precision=0, label=f"年份（{MIN_YEAR}–{MAX_YEAR}）",
+                                         elem_id="year")
+                with gr.Accordion("KV 缓存模式", open=True, elem_id="modes-fold"):
+                    modes = gr.CheckboxGroup(mode_choices, value=list(MODES), elem_id="modes",
+                                             label="KV 缓存模式（同一关键词、同一种子）", show_label=False)
+            with gr.Column(scale=3, min_width=340, elem_id="stage"):
                 gate = gr.HTML(render_gate("", "", "", year_label=label, opened=False), elem_id="gate-box")
                 checks = gr.HTML(checks_html(None, "输入关键词，点「开门见喜」。"), elem_id="checks-box",
                                  container=True, padding=True)
+                # take the couplet home: shown once a couplet is written
+                with gr.Group(visible=False, elem_id="take-home") as take_home:
+                    with gr.Row(equal_height=True):
+                        paper = gr.Radio(list(PAPERS_MM), value="A4", label="纸张", elem_id="paper", min_width=120)
+                        ink = gr.Radio([("墨黑", "black"), ("金色", "gold")], value="black", label="字色",
+                                       elem_id="ink", min_width=120)
+                        download = gr.Button("下载春联", variant="primary", elem_id="download-btn", min_width=120)
+                    share = gr.Textbox(label="分享链接（打开即写出同一副春联）", interactive=False, buttons=["copy"],
+                                       elem_id="share-link", max_lines=2)
+                    print_files = gr.File(label="打印件：PDF（含张贴说明，一件一页，长联分张）· 各件 PNG 与 SVG",
+                                          file_count="multiple", visible=False, interactive=False,
+                                          elem_id="print-files")
+                # what 下载春联 prints (the API's `print` takes them as arguments)
+                print_upper = gr.Textbox(visible=False, label="上联")
+                print_lower = gr.Textbox(visible=False, label="下联")
+                print_hengpi = gr.Textbox(visible=False, label="横批")
+                link_state = gr.State(None)
         with gr.Row():
             # the figures carry their own titles; the labels still name the outputs in the API
             kv_plot = gr.Plot(label="每步 KV 缓存", show_label=False, elem_id="kv-plot")
@@ -201,21 +336,31 @@ def build_app() -> gr.Blocks:
         outputs = [gate, checks, kv_plot, mem_plot, table, payload]
         # one concurrency group: the button and Enter share the CONCURRENCY slots (separate limits would add up);
         # Enter's copy of the endpoint stays out of the API (api_name=False is not Gradio 6's way)
-        button.click(write_couplet, inputs, outputs, api_name="couplet", concurrency_limit=CONCURRENCY,
-                     concurrency_id="couplet")
-        keywords.submit(write_couplet, inputs, outputs, api_visibility="private", concurrency_limit=CONCURRENCY,
-                        concurrency_id="couplet")
+        take_home_outputs = [take_home, share, print_upper, print_lower, print_hengpi, print_files]
+        private: dict[str, Any] = {"api_visibility": "private", "queue": False}
+        for trigger, api in ((button.click, "couplet"), (keywords.submit, None)):
+            trigger(write_couplet, inputs, outputs, concurrency_limit=CONCURRENCY, concurrency_id="couplet",
+                    **_endpoint(api)).then(take_home_keywords, [payload, *inputs], take_home_outputs, **private)
         duixia_inputs = [upper, temperature, seed, year, modes]
-        duixia_button.click(write_duixia, duixia_inputs, outputs, api_name="duixia", concurrency_limit=CONCURRENCY,
-                            concurrency_id="couplet")
-        upper.submit(write_duixia, duixia_inputs, outputs, api_visibility="private", concurrency_limit=CONCURRENCY,
-                     concurrency_id="couplet")
+        for trigger, api in ((duixia_button.click, "duixia"), (upper.submit, None)):
+            trigger(write_duixia, duixia_inputs, outputs, concurrency_limit=CONCURRENCY, concurrency_id="couplet",
+                    **_endpoint(api)).then(take_home_duixia, [payload, *duixia_inputs], take_home_outputs, **private)
+        download.click(print_couplet, [print_upper, print_lower, print_hengpi, paper, ink], print_files,
+                       api_name="print", concurrency_limit=2
+                       ).success(lambda: gr.File(visible=True), None, print_files, **private
+                                 ).then(None, js=DOWNLOAD_PDF_JS)
+        # a share link (?kw=…&seed=…) fills the form and writes at once
+        demo.load(open_link, None, [keywords, length, acrostic, temperature, seed, year, modes, upper, tasks,
+                                    link_state], api_visibility="private", queue=False
+                  ).then(write_from_link, link_state, outputs, api_visibility="private",
+                         concurrency_limit=CONCURRENCY, concurrency_id="couplet"
+                  ).then(take_home_link, [payload, link_state], take_home_outputs, **private)
     return demo
 
 
 def launch_kwargs() -> dict:
     """`theme`, `css` and `head` go to launch() in Gradio 6; tests launching the app pass them too."""
-    return {"css": gate_css(f"/gradio_api/file={FONT_PATH}"),
+    return {"css": gate_css(f"/gradio_api/file={FONT_PATH}"), "js": FOLD_ON_PHONE_JS,
             "theme": gr.themes.Soft(primary_hue="red", secondary_hue="amber")}
 
 

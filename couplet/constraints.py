@@ -7,8 +7,9 @@ taboo characters (`couplet.lexicon`), minus any character that would complete a 
 copied from a borrowed line (the house prefix and the exemplars the prompt showed), and at the last
 position only the line's end tone: oblique (仄) for 上联, level (平) for 下联 — or, for a given 上联 that
 ends on a level tone (对下联), the contrasting oblique one. Keyword characters (and a given 上联) are
-fixed by the placement and bypass all of this. `bias` adds the soft voice: a penalty on negation and
-melancholy, a bonus for auspicious characters.
+fixed by the placement and bypass all of this. `bias_at` adds the soft voice: a penalty on negation and
+melancholy, a bonus for auspicious characters, and in the 下联 a bonus for 对仗 against the 上联 (the same
+semantic class at the same position, the contrasting tone at a rhythm position).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 from couplet.lexicon import AUSPICIOUS, DEFAULT_VOICE, SOMBER, TABOO, VoiceConfig
 from couplet.model import LoadedModel
 from couplet.placement import Placement
+from couplet.rules import CLASS_OF, SEMANTIC_CLASSES, rhythm_positions
 from couplet.tones import LEVEL, OBLIQUE, tone_class
 
 COPY_RUN = 4  # a run of this many characters from a borrowed line is a copy
@@ -41,7 +43,11 @@ def _masks(lm: LoadedModel) -> dict[str, torch.Tensor]:
         oblique[i] = tone == OBLIQUE
     taboo = torch.zeros(size, dtype=torch.bool)
     taboo[[lm.vocab[c] for c in TABOO if c in lm.vocab]] = True
-    return {"han": han, LEVEL: level, OBLIQUE: oblique, "taboo": taboo}
+    masks = {"han": han, LEVEL: level, OBLIQUE: oblique, "taboo": taboo}
+    for name, chars in SEMANTIC_CLASSES.items():  # one mask per 词类, for the 对仗 bias
+        masks[name] = torch.zeros(size, dtype=torch.bool)
+        masks[name][[lm.vocab[c] for c in chars if c in lm.vocab]] = True
+    return masks
 
 
 @lru_cache(maxsize=16)
@@ -68,15 +74,35 @@ class LineConstraints:
     """The allowed-character mask for (line, position), given what has been written so far."""
 
     def __init__(self, lm: LoadedModel, placement: Placement, length: int, voice: VoiceConfig = DEFAULT_VOICE,
-                 borrowed: Iterable[str] = (), lower_end: str = LEVEL):
+                 borrowed: Iterable[str] = (), lower_end: str = LEVEL, echo_from: Iterable[str] = ()):
         self.lm = lm
         self.placement = placement
         self.length = length
         self.masks = _masks(lm)
         self.voice = voice
         self.bias = voice_bias(lm, voice)
+        echo = {c for line in echo_from for c in line} - set(placement.upper.values()) - set(placement.lower.values())
+        if voice.echo and echo:  # this request's own exemplars: words that differ from phrase to phrase
+            bias = self.bias.clone() if self.bias is not None else torch.zeros(len(lm.id_to_char))
+            bias[[lm.vocab[c] for c in echo if c in lm.vocab]] += voice.echo
+            self.bias = bias
         self.copies = copy_runs(borrowed)
         self.ends = (OBLIQUE, lower_end)
+
+    def bias_at(self, line: int, pos: int, lines: list[str]) -> torch.Tensor | None:
+        """The voice bias, plus the 对仗 bias while the 下联 is written: a bonus for the 上联 character's
+        semantic class at this position, and for the contrasting tone at a rhythm position (the last one
+        is a hard rule already)."""
+        voice = self.voice
+        if line == 0 or (voice.pair_class == 0 and voice.pair_tone == 0) or pos >= len(lines[0]):
+            return self.bias
+        bias = self.bias.clone() if self.bias is not None else torch.zeros(len(self.lm.id_to_char))
+        mirror = lines[0][pos]
+        if voice.pair_class and (cls := CLASS_OF.get(mirror)):
+            bias[self.masks[cls]] += voice.pair_class
+        if voice.pair_tone and pos in rhythm_positions(self.length)[:-1] and (tone := tone_class(mirror)):
+            bias[self.masks[OBLIQUE if tone == LEVEL else LEVEL]] += voice.pair_tone
+        return bias
 
     def fixed(self, line: int, pos: int) -> str | None:
         """A keyword (or given 上联) character fixed at this position, if any."""

@@ -334,6 +334,12 @@ def parse_args(argv: list[str] | None = None) -> EvalConfig:
     p.add_argument("--limit", type=int, default=None, help="first N phrases only")
     p.add_argument("--somber", type=float, default=DEFAULT_VOICE.somber, help="logit penalty, negation/melancholy")
     p.add_argument("--auspicious", type=float, default=DEFAULT_VOICE.auspicious, help="logit bonus, auspicious")
+    p.add_argument("--pair-class", type=float, default=DEFAULT_VOICE.pair_class,
+                   help="logit bonus in the 下联: the 上联 character's semantic class")
+    p.add_argument("--pair-tone", type=float, default=DEFAULT_VOICE.pair_tone,
+                   help="logit bonus in the 下联: the contrasting tone at a rhythm position")
+    p.add_argument("--echo", type=float, default=DEFAULT_VOICE.echo,
+                   help="logit bonus: characters of the request's own exemplars")
     p.add_argument("--no-taboo-ban", dest="ban_taboo", action="store_false")
     p.add_argument("--no-house", dest="house", action="store_false", help="no house prefix in the prompt")
     p.add_argument("-k", dest="k", type=int, default=DEFAULT_PROMPT.k, help="exemplars in the prompt (0: none)")
@@ -341,7 +347,8 @@ def parse_args(argv: list[str] | None = None) -> EvalConfig:
     p.add_argument("--duixia", type=int, default=500, help="held-out 上联 for 对下联 (with --pairs; 0: skip)")
     args = vars(p.parse_args(argv))
     args["modes"] = [m.strip() for m in args["modes"].split(",") if m.strip()]  # checked by parse_modes in main
-    args["voice"] = VoiceConfig(args.pop("ban_taboo"), args.pop("somber"), args.pop("auspicious"))
+    args["voice"] = VoiceConfig(args.pop("ban_taboo"), args.pop("somber"), args.pop("auspicious"),
+                                args.pop("pair_class"), args.pop("pair_tone"), args.pop("echo"))
     args["prompt"] = PromptConfig(args.pop("house"), args.pop("k"))
     return EvalConfig(**args)
 

@@ -1,8 +1,9 @@
 """The palace gate (皇城大门) the couplet is shown on, as plain HTML + CSS (no Gradio here).
 
 Layout, right to left as a gate is read: the 上联 hangs on the right door, the 下联 on the left, the 横批
-across the lintel. The 横批 reads left to right, the modern convention (a traditional 横批 reads right to
-left; most printed couplets today follow the page direction), so it reads correctly next to the UI.
+across the lintel. The 横批 reads right to left, as the convention asks of a gate whose 上联 hangs on the
+right (a 横批 read left to right puts the 上联 on the left; `couplet.printing` says the same on its sheet).
+Its DOM text stays in reading order (screen readers, copy and paste); CSS reverses the characters.
 
 Stable hooks for tests and the app::
 
@@ -102,12 +103,12 @@ def render_gate(upper: str, lower: str, hengpi: str, *, year_label: str, opened:
         f'<div class="lantern lantern-right">{inline_svg("lantern.svg", f"{uid}-lantern-r")}</div>'
         '<div class="gate-beam" aria-hidden="true"></div>'
         f'<div class="gate-plaque"><span class="year-label">{escape(year_label)}</span></div>'
-        '<div class="lintel"><div class="hengpi-paper"><span class="sr-only">横批：</span>'
+        '<div class="lintel"><div class="hengpi-paper" title="横批自右向左读"><span class="sr-only">横批：</span>'
         f'<span class="hengpi">{escape(hengpi)}</span></div></div>'
         '<div class="gate-body">'
         '<div class="doorway" aria-hidden="true"><div class="glow"></div>'
         f'<div class="fu">{inline_svg("fu.svg", f"{uid}-fu")}</div>'
-        f'<div class="doorway-greeting">开门见喜 · {escape(year_label)}</div></div>'
+        f'<div class="doorway-greeting">开门见喜<span class="greeting-year"> · {escape(year_label)}</span></div></div>'
         + _door("right", upper, "上联", writing_upper, inline_svg("knocker.svg", f"{uid}-knock-r"))
         + _door("left", lower, "下联", writing_lower, inline_svg("knocker.svg", f"{uid}-knock-l"))
         + '</div><div class="gate-base" aria-hidden="true"><div class="step"></div><div class="step"></div></div>'

@@ -173,7 +173,8 @@ class Decoding:
         self.lm, self.preps, self.mode, self.follow = lm, list(preps), mode, follow
         self.length = lengths.pop()
         self.session = make_mode(mode, **mode_options).new_session(lm.model, pool=pool)
-        self.constraints = [LineConstraints(lm, p.placement, p.length, p.voice, p.context.borrowed, p.lower_end)
+        self.constraints = [LineConstraints(lm, p.placement, p.length, p.voice, p.context.borrowed, p.lower_end,
+                                           [line for pair in p.context.exemplars for line in pair])
                             for p in preps]
         # per row: <bos>, the context, <Ln>, then the keywords
         self.keyword_positions = [list(range(len(p.context.ids) + 2, len(p.context.ids) + 2 + len(p.keyword_text)))
@@ -226,7 +227,7 @@ class Decoding:
                 elif char is None:
                     allowed = self.constraints[r].allowed(line, pos, self.lines[r])
                     char = lm.id_to_char[sample(self.logits[r], allowed, prep.request, step,
-                                                self.constraints[r].bias)]
+                                                self.constraints[r].bias_at(line, pos, self.lines[r]))]
                 self.lines[r][line] += char
                 chars.append(char)
             self._next = (line, pos + 1) if pos + 1 < length else (line + 1, 0)

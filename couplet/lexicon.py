@@ -84,16 +84,23 @@ class VoiceConfig:
     ban_taboo: bool = True
     somber: float = -2.5  # added to the logit of every negation/melancholy character
     auspicious: float = 1.0  # added to the logit of every auspicious character
+    # 对仗 while the 下联 is written, against the 上联 character at the same position (`couplet.rules`):
+    pair_class: float = 0.0  # bonus for a character of the same semantic class (山 opposite 水)
+    pair_tone: float = 0.0  # bonus for the contrasting tone at a rhythm position (二四六分明)
+    echo: float = 0.0  # bonus for the characters of this request's exemplars (its own words, not the house's)
 
     def __post_init__(self) -> None:
         if self.somber > 0:
             raise ValueError(f"somber is a penalty (<= 0), got {self.somber}")
         if not 0 <= self.auspicious <= 4:
             raise ValueError(f"auspicious must be in [0, 4], got {self.auspicious}")
+        for name in ("pair_class", "pair_tone", "echo"):
+            if not 0 <= getattr(self, name) <= 4:
+                raise ValueError(f"{name} must be in [0, 4], got {getattr(self, name)}")
 
 
 DEFAULT_VOICE = VoiceConfig()
-PLAIN_VOICE = VoiceConfig(ban_taboo=False, somber=0.0, auspicious=0.0)
+PLAIN_VOICE = VoiceConfig(ban_taboo=False, somber=0.0, auspicious=0.0, pair_class=0.0, pair_tone=0.0, echo=0.0)
 
 
 def lexicon_report() -> dict[str, object]:

@@ -29,7 +29,7 @@ SEMANTIC_CLASSES: dict[str, str] = {
     "草木": "花草木树林竹松柏梅兰菊柳桃李荷莲叶枝根桑杨",
     "鸟兽": "龙虎马牛羊鸡犬猪鼠兔蛇猴鸟燕莺雁鹤凤鹰鱼蝶蜂",
 }
-_CLASS_OF = {ch: name for name, chars in SEMANTIC_CLASSES.items() for ch in chars}
+CLASS_OF = {ch: name for name, chars in SEMANTIC_CLASSES.items() for ch in chars}
 
 
 def rhythm_positions(length: int) -> list[int]:
@@ -46,7 +46,7 @@ def parallelism(upper: str, lower: str) -> dict[str, Any]:
     tone_score = sum(contrasts) / len(contrasts) if contrasts else 0.0
     matched, compared, notes = 0, 0, []
     for a, b in zip(upper, lower, strict=False):
-        ca, cb = _CLASS_OF.get(a), _CLASS_OF.get(b)
+        ca, cb = CLASS_OF.get(a), CLASS_OF.get(b)
         if ca or cb:
             compared += 1
             if ca == cb:

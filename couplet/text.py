@@ -56,6 +56,11 @@ def _fold(raw: str) -> tuple[str, list[str]]:
     return han, notes
 
 
+def fold_han(raw: str) -> str:
+    """The Han characters of `raw` after NFKC and traditional → simplified (what the couplet will print)."""
+    return _fold(raw)[0]
+
+
 def _unknown_note(han: str, vocab: set[str] | dict[str, int] | None) -> list[str]:
     return [ch for ch in dict.fromkeys(han) if vocab is not None and ch not in vocab]
 

@@ -291,3 +291,30 @@ def test_duixia_bad_upper_gives_a_chinese_message(client, upper, message):
     out = duixia(client, upper)
     assert out[RESULTS] == [] and gate_state(out[GATE]) == "closed"
     assert message in gate_message(out[GATE]) and message in _text(out[CHECKS])
+
+
+def test_print_returns_the_pdf_then_each_piece_as_png_and_svg(client):
+    import pypdf
+
+    files = client.predict("天增岁月人增寿", "春满乾坤福满门", "万象更新", "A3", "gold", api_name="/print")
+    assert [Path(f).name for f in files] == ["chunlian.pdf", *(f"{s}.{e}" for e in ("png", "svg")
+                                                               for s in ("shanglian", "xialian", "hengpi", "fu"))]
+    reader = pypdf.PdfReader(files[0])
+    assert len(reader.pages) == 7
+    text = "".join(p.extract_text() for p in reader.pages)
+    assert "上联：天增岁月人增寿" in text and "福" in text
+    width, _ = (float(v) for v in reader.pages[1].mediabox.upper_right)
+    assert round(width / 72 * 25.4) == 297  # A3
+
+
+@pytest.mark.parametrize(("texts", "message"), [
+    (("天增岁月", "春满乾坤福满门", "万象更新"), "上下联字数须相同"),
+    (("<b>x</b>", "春满乾坤福满门", "万象更新"), "上联里没有汉字"),
+])
+def test_print_refuses_bad_texts_with_a_chinese_message(client, texts, message):
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError, match=message):
+        client.predict(*texts, api_name="/print")
+    # and the app is still there
+    assert client.predict("天增岁月人增寿", "春满乾坤福满门", "万象更新", api_name="/print")[0].endswith(".pdf")

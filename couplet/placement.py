@@ -42,7 +42,13 @@ def place_keywords(keywords: str, length: int, style: str = "heads") -> Placemen
     else:
         half = (len(keywords) + 1) // 2
         first, second = keywords[:half], keywords[half:]
-    return Placement(dict(enumerate(first)), dict(enumerate(second)))
+    # Keywords that repeat a character (大吉大利 → 大吉 / 大利) would put it at the same position of both
+    # lines, which the rules forbid (同位重字): the 下联's part then starts one place later (…大利…).
+    def collides(shift: int) -> bool:
+        return any(i + shift < len(first) and first[i + shift] == c for i, c in enumerate(second))
+
+    shift = next((k for k in range(length - len(second)) if not collides(k)), 0)
+    return Placement(dict(enumerate(first)), {i + shift: c for i, c in enumerate(second)})
 
 
 def couplet_protection(keywords: Iterable[int], upper_start: int, upper_len: int, line: int, index: int,

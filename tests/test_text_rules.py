@@ -50,6 +50,17 @@ def test_placement_heads_and_acrostic():
         place_keywords("福", 5, "middle")
 
 
+@pytest.mark.parametrize(("keywords", "style", "lower"), [
+    ("大吉大利", "heads", {1: "大", 2: "利"}),  # 大 at the head of both lines would be 同位重字
+    ("年年有余", "acrostic", {1: "年", 2: "余"}),
+    ("大大大大", "heads", {2: "大", 3: "大"}),
+])
+def test_placement_never_puts_a_repeated_keyword_at_the_same_position(keywords, style, lower):
+    p = place_keywords(keywords, 7, style)
+    assert p.lower == lower
+    assert not any(p.upper.get(i) == c for i, c in p.lower.items())
+
+
 def test_check_passes_a_classic_couplet():
     c = check_couplet("天增岁月人增寿", "春满乾坤福满门", "四海同春", "春")
     assert c["length"]["ok"] and c["tones"]["ok"] and c["keywords"]["ok"]

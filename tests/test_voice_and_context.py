@@ -87,6 +87,38 @@ def test_copy_runs_ban_the_fourth_character_of_a_borrowed_run(embedded_lm):
         0, 2, ["春风", ""])[taboo].any()
 
 
+def test_pair_bias_favours_the_upper_lines_class_and_the_contrasting_tone(embedded_lm):
+    vocab = embedded_lm.vocab
+    plain = LineConstraints(embedded_lm, Placement({}, {}), 7, VoiceConfig(somber=0, auspicious=0, pair_class=0))
+    paired = LineConstraints(embedded_lm, Placement({}, {}), 7, VoiceConfig(somber=0, auspicious=0, pair_class=1.5,
+                                                                            pair_tone=0.5))
+    assert plain.bias_at(1, 0, ["青山横北郭白水", ""]) is None
+    lines = ["青山横北郭白水", "绿"]  # position 1 of the 下联 mirrors 山 (山水 class, level tone)
+    bias = paired.bias_at(1, 1, lines)
+    assert bias[vocab["水"]] == pytest.approx(1.5 + 0.5)  # 山水 and oblique: both bonuses
+    assert bias[vocab["海"]] == pytest.approx(1.5 + 0.5)  # oblique too
+    assert bias[vocab["江"]] == pytest.approx(1.5)  # 山水, but level like 山
+    assert bias[vocab["好"]] == pytest.approx(0.5)  # not classed; oblique
+    assert paired.bias_at(0, 1, lines) is None  # the 上联 is not biased
+    # the last position's tone is a hard rule already: no tone bonus there
+    assert paired.bias_at(1, 6, lines)[vocab["好"]] == 0
+
+
+def test_echo_favours_the_requests_own_exemplars_but_not_its_keywords(embedded_lm):
+    vocab = embedded_lm.vocab
+    c = LineConstraints(embedded_lm, Placement({0: "春"}, {}), 7, VoiceConfig(somber=0, auspicious=0, echo=1.0),
+                        echo_from=["春江花月夜", "秋水共长天"])
+    bias = c.bias_at(0, 1, ["春", ""])
+    assert bias[vocab["江"]] == bias[vocab["天"]] == 1.0
+    assert bias[vocab["春"]] == 0 and bias[vocab["山"]] == 0
+
+
+@pytest.mark.parametrize("field", ["pair_class", "pair_tone", "echo"])
+def test_voice_bonuses_are_validated(field):
+    with pytest.raises(ValueError, match=field):
+        VoiceConfig(**{field: -1.0})
+
+
 PHRASES = ["龙马精神", "五谷丰登", "春满乾坤", "新年快乐", "天增岁月", "生意兴隆", "步步高升", "福寿双全"]
 
 

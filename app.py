@@ -11,6 +11,7 @@ the same outputs.
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import socket
@@ -30,7 +31,7 @@ from couplet.exemplars import load_store
 from couplet.gate import ASSETS_DIR, FONT_PATH, gate_css, render_gate
 from couplet.generate import CoupletRequest
 from couplet.kvcache import MODE_INFO, MODES
-from couplet.model import LoadedModel, load_model
+from couplet.model import LoadedModel, load_model_or_embedded
 from couplet.printing import PAPERS_MM, PrintConfig, font_ttf, print_set
 from couplet.share import ShareLink, parse_query, share_url
 from couplet.text import CoupletInputError
@@ -58,12 +59,15 @@ TORCH_THREADS = int(os.environ.get("COUPLET_TORCH_THREADS", "1"))
 
 _lm: LoadedModel | None = None
 _engine: Engine | None = None
+_model_notice = ""  # why the page runs on the embedded model when COUPLET_MODEL asked for another
 
 
 def model() -> LoadedModel:
-    global _lm
+    """`COUPLET_MODEL` (a folder, a Hugging Face id, modelscope:ORG/NAME) with `COUPLET_WEIGHTS` (int8/nf4 on
+    CUDA), or the embedded model with a visible notice when that cannot be had."""
+    global _lm, _model_notice
     if _lm is None:
-        _lm = load_model()
+        _lm, _model_notice = load_model_or_embedded(weights=os.environ.get("COUPLET_WEIGHTS") or None)
     return _lm
 
 
@@ -88,8 +92,11 @@ def load_peak_bench() -> dict | None:
 def live_line() -> str:
     """What the running app holds right now: visitors' requests in flight and waiting, and their KV bytes."""
     st = engine().stats()
+    lm = model()
+    weights = f"{lm.weights} 量化" if lm.weights else str(lm.dtype).removeprefix("torch.")
     return (f'<p class="live-line">此刻在写 {st.in_flight} 份（排队 {st.waiting}），KV 缓存 {st.kv_bytes / 1024:.0f} KB'
-            f' + 共享前缀池 {st.pool_bytes / 1024:.0f} KB，预算 {KV_BUDGET_MB:g} MB。</p>')
+            f' + 共享前缀池 {st.pool_bytes / 1024:.0f} KB，预算 {KV_BUDGET_MB:g} MB；'
+            f'模型权重 {lm.weight_bytes / 2**20:.1f} MB（{weights}）。</p>')
 
 
 def _outputs(gate: str, checks: str, records: dict[str, list[StepRecord]], table: str, payload: list) -> tuple:
@@ -267,9 +274,10 @@ def build_app() -> gr.Blocks:
     label = year_label(DEFAULT_YEAR)
     mode_choices = [(f"{mode_label(m)}：{MODE_INFO[m].summary_zh}", m) for m in MODES]
     with gr.Blocks(title="开门见喜 · 春联生成终端") as demo:
+        notice = f'<p class="model-notice" role="status">{html.escape(_model_notice)}</p>' if _model_notice else ""
         gr.HTML(f'<header id="masthead"><h1>开门见喜 · 春联生成终端</h1>'
                 f'<p class="on-red">{label} · 输入关键词，看小模型写春联，'
-                "也看 KV 缓存压缩省下多少、又改变了什么</p></header>")
+                f"也看 KV 缓存压缩省下多少、又改变了什么</p>{notice}</header>")
         # On a phone (<= 480 px) the columns stack gate first (gate.css: #main-row column-reverse)
         with gr.Row(equal_height=False, elem_id="main-row"):
             with gr.Column(scale=2, min_width=300, elem_id="controls"):

@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass, field
 
 from couplet.events import CoupletResult
+from couplet.hub import ModelUnavailable, add_model_args
 from couplet.kvcache import MODES, PrefixPool, parse_modes
 from couplet.options import parse_settings
 from couplet.text import CoupletInputError
@@ -35,6 +36,7 @@ class CliConfig:
     model: str | None = None
     device: str | None = None
     dtype: str | None = None
+    weights: str | None = None
 
 
 def format_text(result: CoupletResult, show_mode: bool) -> str:
@@ -62,7 +64,7 @@ def main(cfg: CliConfig) -> int:
     parse_modes(cfg.modes, allow_all=False)
     request = CoupletRequest(cfg.keywords or "", cfg.length, cfg.acrostic, cfg.temperature, cfg.top_p, cfg.seed,
                              upper=cfg.upper or "", task="couplet" if cfg.upper is None else "duixia")
-    lm = load_model(cfg.model, cfg.device, cfg.dtype)
+    lm = load_model(cfg.model, cfg.device, cfg.dtype, cfg.weights)
     pool = PrefixPool()
     results = [generate(lm, request, m, pool, **settings.get(m, {})) for m in cfg.modes]
     if cfg.json:
@@ -87,9 +89,7 @@ def parse_args(argv: list[str] | None = None) -> CliConfig:
     p.add_argument("--set", dest="settings", action="append", default=[], metavar="MODE.FIELD=VALUE",
                    help="a mode's budget, e.g. selective.ratio=0.3 (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object (a list with several --mode)")
-    p.add_argument("--model", default=None, help="model folder or hub id (default: embedded, or $COUPLET_MODEL)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"))
+    add_model_args(p)
     args = vars(p.parse_args(argv))
     args["modes"] = args["modes"] or ["full"]
     if args["keywords"] is None and args["upper"] is None:
@@ -102,7 +102,7 @@ def parse_args(argv: list[str] | None = None) -> CliConfig:
 def run(argv: list[str] | None = None) -> int:
     try:
         return main(parse_args(argv))
-    except (CoupletInputError, ValueError, FileNotFoundError, OSError) as e:
+    except (CoupletInputError, ValueError, FileNotFoundError, OSError, ModelUnavailable) as e:
         print(f"错误 error: {e}", file=sys.stderr)
         return 2
 

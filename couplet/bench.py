@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from couplet.generate import CoupletRequest, generate
+from couplet.hub import ModelUnavailable
 from couplet.kvcache import MODES, PrefixPool, parse_modes
 from couplet.model import load_model
 from couplet.options import parse_settings
@@ -98,6 +99,6 @@ if __name__ == "__main__":
             serve_bench.main(serve_bench.parse_args(sys.argv[2:]))
         else:
             main(parse_args())
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (ValueError, ModelUnavailable) as e:
+        print(f"错误 error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -39,7 +39,7 @@ from couplet.kvcache import PrefixPool, make_mode, parse_modes
 from couplet.kvcache.layer import KVGeometry
 from couplet.lexicon import DEFAULT_VOICE, VoiceConfig
 from couplet.model import LoadedModel
-from couplet.prompt import DEFAULT_PROMPT, HouseCouplet, PromptConfig, house_ids
+from couplet.prompt import DEFAULT_PROMPT, HouseCouplet, PromptConfig
 
 MB = 2**20
 BUSY_MESSAGE = "此刻拜年的人太多，门前已排起长队，请稍候片刻再来。"
@@ -156,7 +156,7 @@ class Engine:
     def _shared_prefix(self, house: tuple[HouseCouplet, ...]) -> int:
         """Prompt tokens every request with this house prefix shares (`<bos>` + the house), tokenized once."""
         if house not in self._house_tokens:
-            self._house_tokens[house] = 1 + len(house_ids(self.lm.tokenizer, house)) if house else 0
+            self._house_tokens[house] = self.lm.family.shared_prefix(house)
         return self._house_tokens[house]
 
     def stream(self, request: CoupletRequest, modes: Sequence[str], prompt: PromptConfig = DEFAULT_PROMPT,

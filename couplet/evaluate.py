@@ -28,6 +28,7 @@ from typing import Any
 from couplet.constraints import COPY_RUN
 from couplet.events import CoupletResult
 from couplet.generate import CoupletRequest, decode, generate, prepare
+from couplet.hub import ModelUnavailable, add_model_args
 from couplet.kvcache import MODE_INFO, MODES, PrefixPool, parse_modes
 from couplet.lexicon import DEFAULT_VOICE, NEGATION, PLAIN_VOICE, TABOO, VoiceConfig, is_gloomy, lexicon_report
 from couplet.model import LoadedModel, load_model
@@ -50,6 +51,7 @@ class EvalConfig:
     dtype: str = "bfloat16"
     device: str | None = None
     model: str | None = None
+    weights: str | None = None
     sweep: bool = False
     sweep_values: list[float] | None = None  # ratios instead of the registry's, for the modes swept by ratio
     plot: str | None = None
@@ -259,7 +261,7 @@ def sweep_plot(sweeps: dict[str, list[dict]], path: str) -> None:
 def main(cfg: EvalConfig) -> dict[str, Any]:
     modes = parse_modes(cfg.modes)
     settings = parse_settings(cfg.settings)
-    lm = load_model(cfg.model, cfg.device, cfg.dtype)
+    lm = load_model(cfg.model, cfg.device, cfg.dtype, cfg.weights)
     phrases = read_lines(cfg.keywords)[: cfg.limit]
     pool = PrefixPool()
     report, full = base_report(lm, cfg, phrases, pool)
@@ -324,9 +326,7 @@ def parse_args(argv: list[str] | None = None) -> EvalConfig:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--top-p", type=float, default=0.9)
-    p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"))
-    p.add_argument("--device", default=None)
-    p.add_argument("--model", default=None)
+    add_model_args(p, dtype_default="bfloat16")
     p.add_argument("--sweep", action="store_true", help="sweep each mode's budget (slow)")
     p.add_argument("--sweep-values", type=lambda t: [float(x) for x in t.split(",")], default=None,
                    metavar="V,V,…", help="ratios for the modes swept by ratio, instead of the registry's")
@@ -357,8 +357,8 @@ if __name__ == "__main__":
     try:
         cfg = parse_args()
         result = main(cfg)
-    except (ValueError, FileNotFoundError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (ValueError, FileNotFoundError, OSError, ModelUnavailable) as e:
+        print(f"错误 error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     text = json.dumps(result, ensure_ascii=False, indent=1)
     if cfg.json:

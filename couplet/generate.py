@@ -29,10 +29,10 @@ from couplet.kvcache import PrefixPool, make_mode
 from couplet.lexicon import DEFAULT_VOICE, VoiceConfig
 from couplet.model import LoadedModel
 from couplet.placement import Placement, couplet_protection, place_keywords
-from couplet.prompt import DEFAULT_PROMPT, Context, PromptConfig, build_context
+from couplet.prompt import DEFAULT_PROMPT, Context, PromptConfig
 from couplet.rules import check_couplet
 from couplet.text import Keywords, normalize_keywords, normalize_upper
-from couplet.tokenizer import char_ids, prompt_ids
+from couplet.tokenizer import char_ids
 from couplet.tones import LEVEL, OBLIQUE, tone_class
 
 LENGTHS = (5, 7)
@@ -78,6 +78,7 @@ class Prepared:
     voice: VoiceConfig
     lower_end: str = LEVEL  # the 下联's end tone: 平, or 仄 against a given 上联 that ends on 平
     notes: tuple[str, ...] = ()
+    keyword_positions: tuple[int, ...] = ()  # where the keyword tokens sit in the prompt (retention protects them)
 
     @property
     def duixia(self) -> bool:
@@ -99,14 +100,15 @@ def prepare(lm: LoadedModel, request: CoupletRequest, prompt: PromptConfig = DEF
             notes.append(f"上联末字「{given.text[-1]}」为平声；春联惯例上联仄声收尾、下联平声收尾，"
                          "此联或宜作下联。已按平仄相对，以仄声字收尾对出下联。")
         placement = Placement(dict(enumerate(given.text)), {})
-        context = build_context(lm.tokenizer, given.text, length, prompt)
-        ids = prompt_ids(lm.tokenizer, "", length, context.ids)
+        context = lm.family.context(given.text, length, prompt)
+        ids, _ = lm.family.prompt("", length, context)
         return Prepared(request, given, placement, context, ids, length, voice, lower_end, tuple(notes))
     kw = normalize_keywords(request.keywords, lm.vocab)
     placement = place_keywords(kw.text, request.length, "acrostic" if request.acrostic else "heads")
-    context = build_context(lm.tokenizer, kw.text, request.length, prompt)
-    ids = prompt_ids(lm.tokenizer, kw.text, request.length, context.ids)
-    return Prepared(request, kw, placement, context, ids, request.length, voice, LEVEL, tuple(kw.notes))
+    context = lm.family.context(kw.text, request.length, prompt)
+    ids, keyword_positions = lm.family.prompt(kw.text, request.length, context)
+    return Prepared(request, kw, placement, context, ids, request.length, voice, LEVEL, tuple(kw.notes),
+                    tuple(keyword_positions))
 
 
 @dataclass
@@ -176,9 +178,7 @@ class Decoding:
         self.constraints = [LineConstraints(lm, p.placement, p.length, p.voice, p.context.borrowed, p.lower_end,
                                            [line for pair in p.context.exemplars for line in pair])
                             for p in preps]
-        # per row: <bos>, the context, <Ln>, then the keywords
-        self.keyword_positions = [list(range(len(p.context.ids) + 2, len(p.context.ids) + 2 + len(p.keyword_text)))
-                                  for p in preps]
+        self.keyword_positions = [list(p.keyword_positions) for p in preps]
         self.lines = [["", ""] for _ in preps]
         self.records: list[list[StepRecord]] = [[] for _ in preps]
         self.seconds = 0.0
@@ -197,9 +197,10 @@ class Decoding:
         with torch.inference_mode():
             # every token fed: the prompt, 上联 + <mid>, 下联 but its last character; retention budgets are a
             # share of this whole length (a fixed per-request cap), not of the tokens seen so far
-            self.session.expect([len(p.prompt) + 2 * self.length for p in self.preps])
+            self.session.expect([len(p.prompt) + 2 * self.length + len(self.lm.family.line_break) - 1
+                                 for p in self.preps])
             width = max(len(p.prompt) for p in self.preps)
-            ids = [[self.lm.ids.pad] * (width - len(p.prompt)) + p.prompt for p in self.preps]
+            ids = [[self.lm.family.pad] * (width - len(p.prompt)) + p.prompt for p in self.preps]
             mask = None
             if any(len(p.prompt) < width for p in self.preps):
                 mask = torch.tensor([[0] * (width - len(p.prompt)) + [1] * len(p.prompt) for p in self.preps],
@@ -222,7 +223,7 @@ class Decoding:
                 char = self.constraints[r].fixed(line, pos)
                 if self.follow is not None:
                     char = self.follow[line][pos]
-                    token = lm.vocab.get(char, lm.ids.unk)
+                    token = lm.vocab.get(char, lm.family.unk)
                     logprob = float(torch.log_softmax(self.logits[r].float(), dim=-1)[token])
                 elif char is None:
                     allowed = self.constraints[r].allowed(line, pos, self.lines[r])
@@ -236,8 +237,9 @@ class Decoding:
                 # writes: keywords and the 上联 so far, then the 上联 characters 下联 must mirror.
                 self.session.protect([couplet_protection(kw, len(p.prompt), length, *self._next)
                                       for kw, p in zip(self.keyword_positions, self.preps, strict=True)])
-                feed = [char_ids(lm.tokenizer, c) + ([lm.ids.mid] if line == 0 and pos == length - 1 else [])
-                        for c in chars]  # the line break rides along with the last 上联 character
+                # the line break (<mid>, or the family's) rides along with the last 上联 character
+                brk = list(lm.family.line_break) if line == 0 and pos == length - 1 else []
+                feed = [char_ids(lm.tokenizer, c) + brk for c in chars]
                 self.logits = self.session.forward(torch.tensor(feed, device=lm.device))[:, -1]
             out = self._progress(step, chars, t0, logprob)
             if self.done:

@@ -64,5 +64,9 @@ def _choose(lm: LoadedModel, upper: str, lower: str) -> str:
 
 
 def choose_hengpi(lm: LoadedModel, upper: str, lower: str) -> str:
-    """The curated phrase that best fits the couplet, by the model's pointwise mutual information."""
+    """The curated phrase that best fits the couplet, by the model's pointwise mutual information. Another
+    family (no keyword slot in its prompt to score a theme with): the shortlist's best, by the model's own
+    input embeddings and the characters shared."""
+    if lm.family.name != "couplet":
+        return shortlist(lm, upper, lower, 1)[0]
     return _choose(lm, upper, lower)

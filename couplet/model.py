@@ -1,4 +1,6 @@
-"""Loading the language model: the embedded checkpoint in assets/, a local path, or a hub id.
+"""Loading the language model: the embedded checkpoint in assets/, a local path, a Hugging Face id or
+`modelscope:ORG/NAME` (`couplet.hub`), in float32/bfloat16/float16, optionally with int8/nf4 weights
+(bitsandbytes, CUDA only).
 
 Everything goes through transformers' Auto classes, so the KV-cache work runs on the same classes as
 hub models. The model's dtype and device are chosen here once and recorded for the accounting.
@@ -12,9 +14,11 @@ from functools import cached_property
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
+from couplet.families import Family, UnsupportedFamily, detect
+from couplet.hub import WEIGHTS, ModelUnavailable, resolve
 from couplet.text import is_han
 from couplet.tokenizer import FormatIds
 
@@ -27,13 +31,32 @@ def default_device() -> str:
 
 
 def resolve_source(name: str | None) -> str:
-    """`None` → `$COUPLET_MODEL` or the embedded model; `modelscope:ORG/NAME` → a ModelScope download."""
-    name = name or os.environ.get("COUPLET_MODEL") or str(EMBEDDED_MODEL)
-    if name.startswith("modelscope:"):
-        from modelscope import snapshot_download  # imported lazily: only this path needs it
+    """`None` → `$COUPLET_MODEL` or the embedded model; a folder, a Hugging Face id or `modelscope:ORG/NAME`
+    → a local folder (`couplet.hub`; raises ModelUnavailable, naming what was tried)."""
+    return resolve(name or os.environ.get("COUPLET_MODEL") or str(EMBEDDED_MODEL))
 
-        return snapshot_download(name.removeprefix("modelscope:"))
-    return name
+
+class UnsupportedModel(ModelUnavailable):
+    """A checkpoint that loads but does not speak this project's couplet format."""
+
+
+def quantization_config(weights: str | None, device: str, dtype: torch.dtype):
+    """`BitsAndBytesConfig` for `--weights int8|nf4`; refused off CUDA (bitsandbytes' kernels are GPU ones —
+    a CPU load would be silently full precision or fail deep inside)."""
+    if weights is None:
+        return None
+    if weights not in WEIGHTS:
+        raise ValueError(f"unknown --weights {weights!r}; choose from {', '.join(WEIGHTS)}")
+    if not device.startswith("cuda"):
+        raise ValueError(f"--weights {weights} 需要 CUDA：bitsandbytes 的 8 位/4 位权重只在 GPU 上运行；CPU 上请去掉 "
+                         f"--weights（或用 --dtype bfloat16 减半权重）。 (--weights {weights} needs a CUDA device; "
+                         f"got {device})")
+    from transformers import BitsAndBytesConfig
+
+    if weights == "int8":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype,
+                              bnb_4bit_use_double_quant=True)
 
 
 @dataclass(eq=False)  # hashable by identity: per-model lookups are cached on it
@@ -45,10 +68,16 @@ class LoadedModel:
     source: str
     device: str
     dtype: torch.dtype
-    ids: FormatIds = field(init=False)
+    weights: str | None = None  # bitsandbytes quantization of the weights, if any
+    family: Family = field(init=False)  # how it is prompted (`couplet.families`)
 
     def __post_init__(self) -> None:
-        self.ids = FormatIds.of(self.tokenizer)
+        self.family = detect(self.tokenizer, self.model.config.model_type)
+
+    @cached_property
+    def ids(self) -> FormatIds:
+        """The couplet format's special ids (family `couplet` only: training, NLL scoring, the 横批's PMI)."""
+        return FormatIds.of(self.tokenizer)
 
     @cached_property
     def vocab(self) -> dict[str, int]:
@@ -70,19 +99,49 @@ class LoadedModel:
     def parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 
+    @cached_property
+    def weight_bytes(self) -> int:
+        """Bytes the weights (and buffers) occupy as loaded: the other lever beside the KV cache."""
+        return int(self.model.get_memory_footprint())
 
-def load_model(name: str | None = None, device: str | None = None, dtype: str | None = None) -> LoadedModel:
-    """Load a causal LM and its tokenizer. Defaults: CUDA if present, bfloat16 on CUDA, float32 on CPU."""
+
+def load_model(name: str | None = None, device: str | None = None, dtype: str | None = None,
+               weights: str | None = None) -> LoadedModel:
+    """Load a causal LM and its tokenizer. Defaults: CUDA if present, bfloat16 on CUDA, float32 on CPU.
+    `weights`: int8 or nf4 through bitsandbytes (CUDA only). Raises ModelUnavailable when the model cannot
+    be fetched or does not speak the couplet format, ValueError for a bad option."""
     device = device or default_device()
     dtype_name = dtype or ("bfloat16" if device.startswith("cuda") else "float32")
     if dtype_name not in DTYPES:
         raise ValueError(f"unknown dtype {dtype_name!r}; choose from {sorted(DTYPES)}")
+    quant = quantization_config(weights, device, DTYPES[dtype_name])
     hf_logging.disable_progress_bar()  # no loading bars in the CLI's output or the app's logs
     source = resolve_source(name)
-    if not Path(source).exists() and "/" not in source:
-        raise FileNotFoundError(f"model not found: {source!r} (a local folder, a hub id, or modelscope:ORG/NAME)")
     tokenizer = AutoTokenizer.from_pretrained(source)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[dtype_name])
-    model.to(device)  # type: ignore[arg-type]  # transformers' stubs mistype the wrapped .to()
+    try:  # before the weights: a family we cannot prompt is refused at once
+        detect(tokenizer, AutoConfig.from_pretrained(source).model_type)
+    except UnsupportedFamily as e:
+        raise UnsupportedModel(f"模型「{name or source}」：{e}") from None
+    if quant is not None:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[dtype_name], quantization_config=quant,
+                                                     device_map={"": device})
+    else:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[dtype_name])
+        model.to(device)  # type: ignore[arg-type]  # transformers' stubs mistype the wrapped .to()
     model.eval()
-    return LoadedModel(model, tokenizer, source, device, DTYPES[dtype_name])
+    return LoadedModel(model, tokenizer, source, device, DTYPES[dtype_name], weights)
+
+
+def load_model_or_embedded(name: str | None = None, device: str | None = None, dtype: str | None = None,
+                           weights: str | None = None) -> tuple[LoadedModel, str]:
+    """The app's loader: the asked-for model, or — when it cannot be had — the embedded one, with a Chinese
+    notice saying what happened (empty when nothing did)."""
+    asked = name or os.environ.get("COUPLET_MODEL")
+    try:
+        return load_model(name, device, dtype, weights), ""
+    except (ModelUnavailable, ValueError, OSError) as e:
+        if not asked or asked == str(EMBEDDED_MODEL):
+            raise  # the embedded model itself is broken: nothing to fall back to
+        reason = str(e).split(" (")[0]
+        return (load_model(str(EMBEDDED_MODEL), device, dtype),
+                f"未能加载模型「{asked}」：{reason} 已改用内置小模型。")

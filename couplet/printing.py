@@ -517,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
         result = print_set(args.upper, args.lower, args.hengpi,
                            PrintConfig(args.paper, args.ink, not args.no_fu, not args.ltr), Path(args.out))
     except CoupletInputError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"错误 error: {e}", file=sys.stderr)
         return 2
     for f in result.files:
         print(f"{f}  {f.stat().st_size:,} bytes")

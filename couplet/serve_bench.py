@@ -35,6 +35,7 @@ import torch
 
 from couplet.engine import MB, Engine, EngineConfig, Ticket
 from couplet.generate import CoupletRequest, Prepared, prepare
+from couplet.hub import add_model_args
 from couplet.kvcache import MODES, make_mode, parse_modes
 from couplet.model import LoadedModel, load_model
 from couplet.phrases import HENGPI_PHRASES
@@ -55,6 +56,7 @@ class ServeConfig:
     model: str | None = None
     device: str | None = None
     dtype: str | None = None
+    weights: str | None = None
     threads: int | None = None
     json: str | None = None
     plot: str | None = None
@@ -186,7 +188,7 @@ def default_budget(lm: LoadedModel, cfg: ServeConfig) -> float:
 def main(cfg: ServeConfig) -> dict:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    lm = load_model(cfg.model, cfg.device, cfg.dtype)
+    lm = load_model(cfg.model, cfg.device, cfg.dtype, cfg.weights)
     typed, arrivals = workload(cfg)
     preps = {p: prepare(lm, CoupletRequest(p)) for p in set(typed)}  # once: every mode sends the same prompts
     budgets = cfg.budgets or [default_budget(lm, cfg)]
@@ -274,9 +276,7 @@ def parse_args(argv: list[str]) -> ServeConfig:
     p.add_argument("--pool-mb", type=float, default=4.0)
     p.add_argument("--max-batch", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--model", default=None)
-    p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"))
+    add_model_args(p)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", default=None)
     p.add_argument("--plot", default=None, help="HTML (and PNG where kaleido is installed)")

@@ -78,7 +78,7 @@ def _vocab(tok: PreTrainedTokenizerBase) -> dict[str, int]:
 def char_ids(tok: PreTrainedTokenizerBase, text: str) -> list[int]:
     """One id per character; unknown characters map to <unk> (callers report them)."""
     vocab = _vocab(tok)
-    unk = vocab[UNK]
+    unk = vocab.get(UNK, tok.unk_token_id or 0)  # another family's tokenizer names its own unknown token
     return [vocab.get(c, unk) for c in text]
 
 

@@ -12,20 +12,28 @@ the same for all: they see token ids, one character per step.
   house prefix or exemplars: `shared` and `combo`'s pool then have nothing to share (a one-token prompt never
   fills a block) — they run, with exact accounting, and save nothing.
 
-Chat/instruct models, T5 and PALM are not wired in yet: `detect` refuses them with a clear message.
+- `chat` — chat/instruct decoder models with a chat template (Qwen2.5-Instruct and the like): the rules and the
+  house couplets as the system message (the shared prefix), the exemplars and the request as the user's,
+  then `上联：`; `\n下联：` between the lines. Byte-level BPE vocabularies are decoded to find the Han
+  characters that are one token (`LoadedModel.vocab`).
+
+Encoder–decoder models (T5, ModelScope's PALM) are not wired in yet: `detect` refuses them clearly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from couplet.exemplars import load_store
 from couplet.prompt import DEFAULT_PROMPT, Context, HouseCouplet, PromptConfig, build_context, house_ids
 from couplet.tokenizer import LENGTH_TAGS, MID, SEP, FormatIds, prompt_ids
 
 EMPTY_CONTEXT = Context((), ())
+ENCODER_DECODERS = ("t5", "mt5", "bart", "mbart", "palm")  # need an encoder–decoder loop: not wired in
 
 
 @dataclass(frozen=True)
@@ -39,12 +47,14 @@ class Family:
     unk: int
     line_break: tuple[int, ...]  # fed with the last 上联 character
     uses_context: bool  # house prefix and exemplars in the prompt
+    byte_level: bool = False  # a byte-level BPE vocabulary: token text is decoded (`LoadedModel.vocab`)
 
     def context(self, query: str, length: int, cfg: PromptConfig = DEFAULT_PROMPT) -> Context:
         return build_context(self.tokenizer, query, length, cfg) if self.uses_context else EMPTY_CONTEXT
 
-    def prompt(self, keywords: str, length: int, context: Context) -> tuple[list[int], list[int]]:
-        """(the ids the 上联 continues, the positions of the keyword tokens among them)."""
+    def prompt(self, keywords: str, length: int, context: Context, upper: str = "") -> tuple[list[int], list[int]]:
+        """(the ids the 上联 continues, the positions of the keyword tokens among them); `upper`: 对下联's
+        given 上联 (the loop writes it after the prompt in every family; a chat model is also told it)."""
         raise NotImplementedError
 
     def shared_prefix(self, house: Sequence[HouseCouplet]) -> int:
@@ -54,7 +64,7 @@ class Family:
 
 @dataclass(frozen=True)
 class CoupletFamily(Family):
-    def prompt(self, keywords: str, length: int, context: Context) -> tuple[list[int], list[int]]:
+    def prompt(self, keywords: str, length: int, context: Context, upper: str = "") -> tuple[list[int], list[int]]:
         ids = prompt_ids(self.tokenizer, keywords, length, context.ids)
         start = len(context.ids) + 2  # after <bos>, the context and <Ln>
         return ids, list(range(start, start + len(keywords)))
@@ -67,8 +77,72 @@ class CoupletFamily(Family):
 class Gpt2CoupletFamily(Family):
     cls: int = 0
 
-    def prompt(self, keywords: str, length: int, context: Context) -> tuple[list[int], list[int]]:
+    def prompt(self, keywords: str, length: int, context: Context, upper: str = "") -> tuple[list[int], list[int]]:
         return [self.cls], []  # the keywords are placed in the lines by the constraints, not prompted
+
+
+NUMERALS = {5: "五", 7: "七"}
+SYSTEM_RULES = ("你是春联作者。春联上下联字数相同（五言或七言），上联末字仄声、下联末字平声，上下联同位不用同一字，"
+                "词性相对、平仄相对；内容吉祥喜庆，不用哀伤、否定、不吉之字，不照抄古人成句。"
+                "回答格式：上联：……\n下联：……")
+
+
+@dataclass(frozen=True)
+class ChatFamily(Family):
+    """Chat/instruct decoder models (Qwen2.5-Instruct and the like), prompted through their own chat template:
+    a system message with the rules and the house couplets (the same for every visitor: the long shared
+    prefix), a user message with the exemplars and the request, then the assistant's `上联：`. The lines
+    are written one single-token character at a time under the same constraints, and `\n下联：` is fed
+    between them, so the reply is well-formed by construction (`parse_reply` reads free-form ones)."""
+
+    def context(self, query: str, length: int, cfg: PromptConfig = DEFAULT_PROMPT) -> Context:
+        """The same house couplets and retrieved exemplars as the couplet format, rendered as text (`ids`
+        stay empty: the chat template lays them out)."""
+        exemplars = tuple(load_store().retrieve(query, length, cfg.k)) if cfg.k else ()
+        return Context(exemplars, (), cfg.couplets if cfg.house else ())
+
+    def _messages(self, keywords: str, length: int, context: Context, upper: str = "") -> list[dict[str, str]]:
+        house = "\n".join(f"上联：{h.upper}\n下联：{h.lower}\n横批：{h.hengpi}" for h in context.house)
+        system = SYSTEM_RULES + (f"\n\n本店春联：\n{house}" if house else "")
+        refs = "\n".join(f"{u}，{lo}" for u, lo in context.exemplars)
+        ask = (f"请为上联「{upper}」对下联。" if upper
+               else f"请以「{keywords}」为关键词，写一副{NUMERALS[length]}言春联，关键词嵌在两联开头。")
+        user = (f"参考古联（可借意，不可照抄）：\n{refs}\n\n" if refs else "") + ask
+        return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+    def _encode(self, messages: list[dict[str, str]], generation: bool) -> list[int]:
+        out: Any = self.tokenizer.apply_chat_template(messages, add_generation_prompt=generation, tokenize=True)
+        if hasattr(out, "keys"):  # a BatchEncoding (transformers 5 returns one by default)
+            out = out["input_ids"]
+        return [int(i) for i in out]
+
+    def prompt(self, keywords: str, length: int, context: Context, upper: str = "") -> tuple[list[int], list[int]]:
+        ids = self._encode(self._messages(keywords, length, context, upper), True)
+        return ids + self.tokenizer.encode("上联：", add_special_tokens=False), []
+
+    def shared_prefix(self, house: Sequence[HouseCouplet]) -> int:
+        """The system message's tokens, when the template renders it as a prefix of every prompt."""
+        if not house:
+            return 0
+        context = Context((), (), tuple(house))
+        system = self._encode(self._messages("", 7, context)[:1], False)
+        full = self._encode(self._messages("春", 7, context), True)
+        return len(system) if full[: len(system)] == system else 0
+
+
+def parse_reply(text: str) -> tuple[str, str, str]:
+    """(上联, 下联, 横批) from a free-form reply ("上联：…\n下联：…\n横批：…", any colon, spaces, punctuation);
+    横批 may be "". Raises ValueError for a reply without both lines."""
+    import re
+
+    found = {}
+    for key in ("上联", "下联", "横批"):
+        m = re.search(key + r"\s*[：:]\s*([\u3400-\u9fff]+)", text)
+        if m:
+            found[key] = m.group(1)
+    if "上联" not in found or "下联" not in found:
+        raise ValueError(f"malformed reply (no 上联/下联): {text[:80]!r}")
+    return found["上联"], found["下联"], found.get("横批", "")
 
 
 class UnsupportedFamily(ValueError):
@@ -85,7 +159,13 @@ def detect(tokenizer: PreTrainedTokenizerBase, model_type: str) -> Family:
         pad = vocab.get("[PAD]", vocab["[UNK]"])
         return Gpt2CoupletFamily("gpt2-couplet", "GPT-2 对联模型（[CLS] 上联 - 下联）", tokenizer, pad, vocab["[UNK]"],
                                  (vocab["-"],), False, cls=vocab["[CLS]"])
-    kind = "chat/instruct" if getattr(tokenizer, "chat_template", None) else model_type
+    if getattr(tokenizer, "chat_template", None) and model_type not in ENCODER_DECODERS:
+        byte_level = not any(len(t) == 1 and "\u4e00" <= t <= "\u9fff" for t in vocab)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        unk = tokenizer.unk_token_id if tokenizer.unk_token_id is not None else pad
+        return ChatFamily("chat", "对话模型（chat template）", tokenizer, pad, unk,
+                          tuple(tokenizer.encode("\n下联：", add_special_tokens=False)), True, byte_level)
+    kind = model_type
     raise UnsupportedFamily(
         f"模型族「{kind}」暂不支持：本项目目前能用本项目春联格式的模型和 GPT-2 对联模型（BERT 词表）。 "
         f"(model family {kind!r} is not wired in yet: supported are this project's couplet format and GPT-2 "

@@ -32,7 +32,6 @@ from couplet.placement import Placement, couplet_protection, place_keywords
 from couplet.prompt import DEFAULT_PROMPT, Context, PromptConfig
 from couplet.rules import check_couplet
 from couplet.text import Keywords, normalize_keywords, normalize_upper
-from couplet.tokenizer import char_ids
 from couplet.tones import LEVEL, OBLIQUE, tone_class
 
 LENGTHS = (5, 7)
@@ -101,7 +100,7 @@ def prepare(lm: LoadedModel, request: CoupletRequest, prompt: PromptConfig = DEF
                          "此联或宜作下联。已按平仄相对，以仄声字收尾对出下联。")
         placement = Placement(dict(enumerate(given.text)), {})
         context = lm.family.context(given.text, length, prompt)
-        ids, _ = lm.family.prompt("", length, context)
+        ids, _ = lm.family.prompt("", length, context, upper=given.text)
         return Prepared(request, given, placement, context, ids, length, voice, lower_end, tuple(notes))
     kw = normalize_keywords(request.keywords, lm.vocab)
     placement = place_keywords(kw.text, request.length, "acrostic" if request.acrostic else "heads")
@@ -239,7 +238,7 @@ class Decoding:
                                       for kw, p in zip(self.keyword_positions, self.preps, strict=True)])
                 # the line break (<mid>, or the family's) rides along with the last 上联 character
                 brk = list(lm.family.line_break) if line == 0 and pos == length - 1 else []
-                feed = [char_ids(lm.tokenizer, c) + brk for c in chars]
+                feed = [lm.char_ids(c) + brk for c in chars]
                 self.logits = self.session.forward(torch.tensor(feed, device=lm.device))[:, -1]
             out = self._progress(step, chars, t0, logprob)
             if self.done:

@@ -17,7 +17,7 @@ import torch
 from couplet.model import LoadedModel
 from couplet.phrases import HENGPI_PHRASES
 from couplet.scoring import sequence_logprobs
-from couplet.tokenizer import char_ids, couplet_ids, upper_start
+from couplet.tokenizer import couplet_ids, upper_start
 
 
 def _couplet_logprob(lm: LoadedModel, themes: list[str], upper: str, lower: str) -> torch.Tensor:
@@ -37,7 +37,7 @@ def _mean_embedding(lm: LoadedModel, texts: list[str]) -> torch.Tensor:
     """(len(texts), hidden) mean input embedding of each text's characters, unit-normalised."""
     embeddings: torch.nn.Embedding = lm.model.get_input_embeddings()  # type: ignore[assignment]
     table = embeddings.weight.detach().float()
-    rows = [table[torch.tensor(char_ids(lm.tokenizer, t), device=table.device)].mean(0) for t in texts]
+    rows = [table[torch.tensor(lm.char_ids(t), device=table.device)].mean(0) for t in texts]
     return torch.nn.functional.normalize(torch.stack(rows), dim=-1)
 
 

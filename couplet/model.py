@@ -81,11 +81,26 @@ class LoadedModel:
 
     @cached_property
     def vocab(self) -> dict[str, int]:
-        return self.tokenizer.get_vocab()
+        """{text: id} of the tokens as text. A character-level vocabulary (this project's, BERT's) is its own
+        text; a byte-level BPE one (GPT-2, Qwen) stores bytes as symbols, so each token is decoded — a Han
+        character that is one token then maps to its id (characters split over several tokens are left
+        out: a couplet is written one token per character)."""
+        raw = self.tokenizer.get_vocab()
+        if not self.family.byte_level:
+            return raw
+        out: dict[str, int] = {}
+        for tok, i in sorted(raw.items(), key=lambda kv: kv[1]):
+            text = self.tokenizer.convert_tokens_to_string([tok])
+            if len(text) == 1 and text not in out:
+                out[text] = i
+        return out
 
     @cached_property
     def id_to_char(self) -> list[str]:
-        chars = [""] * len(self.vocab)
+        """Text of every id the model can emit ("" for ids that are not one character or not in the
+        tokenizer), as long as the logits (a model's embedding may be padded past the tokenizer)."""
+        size = max(int(self.model.config.vocab_size), max(self.tokenizer.get_vocab().values()) + 1)
+        chars = [""] * size
         for tok, i in self.vocab.items():
             chars[i] = tok
         return chars
@@ -94,6 +109,10 @@ class LoadedModel:
     def han_ids(self) -> torch.Tensor:
         """Ids of single Han characters: the only tokens a couplet line may contain."""
         return torch.tensor([i for t, i in self.vocab.items() if len(t) == 1 and is_han(t)], dtype=torch.long)
+
+    def char_ids(self, text: str) -> list[int]:
+        """One id per character (unknown ones: the family's unknown token)."""
+        return [self.vocab.get(c, self.family.unk) for c in text]
 
     @property
     def parameters(self) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from tiny_model import TINY_CHARS
 
-from couplet.families import UnsupportedFamily, detect
+from couplet.families import UnsupportedFamily, detect, parse_reply
 from couplet.generate import CoupletRequest, generate, prepare
 from couplet.kvcache import MODE_INFO, MODES, PrefixPool
 from couplet.model import UnsupportedModel, load_model
@@ -83,3 +83,85 @@ def test_an_unknown_family_is_refused_with_the_reason(tmp_path):
     no_line_break = make_gpt2_couplet(tmp_path / "h", specials=[t for t in BERT_SPECIALS if t != "-"])
     with pytest.raises(UnsupportedModel, match="暂不支持"):
         load_model(str(no_line_break), device="cpu")
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def make_chat_model(path: Path, seed: int = 0) -> Path:
+    """A Qwen2 with a byte-level BPE vocabulary and a ChatML template (the Qwen2.5-Instruct layout), trained
+    here on a little text so that the test characters are single tokens; random weights."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    from couplet.families import SYSTEM_RULES
+    from couplet.prompt import HOUSE_COUPLETS
+
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=3000, show_progress=False,
+                                  special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    corpus = list(TINY_CHARS) * 30 + [SYSTEM_RULES, "上联：下联：横批：参考古联请以为关键词写一副七言五言春联对"] + [
+        f"{h.upper} {h.lower} {h.hengpi}" for h in HOUSE_COUPLETS]
+    core.train_from_iterator(corpus, trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tok.chat_template = CHATML
+    tok.save_pretrained(path)
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def chat_lm(tmp_path_factory):
+    return load_model(str(make_chat_model(tmp_path_factory.mktemp("chat"))), device="cpu", dtype="float32")
+
+
+def test_a_chat_model_is_prompted_through_its_template(chat_lm):
+    family = chat_lm.family
+    assert family.name == "chat" and family.byte_level and family.uses_context
+    assert set(TINY_CHARS) <= set(chat_lm.vocab)  # byte-level tokens decoded: one id per character
+    prep = prepare(chat_lm, CoupletRequest("春风"))
+    text = chat_lm.tokenizer.decode(prep.prompt)
+    assert text.startswith("<|im_start|>system\n你是春联作者") and "本店春联" in text and "天增岁月人增寿" in text
+    assert "参考古联" in text and "请以「春风」为关键词" in text and text.endswith("<|im_start|>assistant\n上联：")
+    assert chat_lm.tokenizer.decode(list(family.line_break)) == "\n下联："
+    # the system message (rules and house couplets) is the prefix every visitor shares
+    other = prepare(chat_lm, CoupletRequest("明月"))
+    shared = family.shared_prefix(prep.context.house)
+    assert shared > 100 and prep.prompt[:shared] == other.prompt[:shared]
+    duixia = prepare(chat_lm, CoupletRequest("", upper="春风明月水", task="duixia"))
+    assert "请为上联「春风明月水」对下联" in chat_lm.tokenizer.decode(duixia.prompt)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_chat_model_writes_a_well_formed_couplet_in_every_mode(chat_lm, mode):
+    pool = PrefixPool()
+    for keywords in ("春风", "明月"):  # the second visitor finds the shared system prefix in the pool
+        r = generate(chat_lm, CoupletRequest(keywords, length=5), mode, pool)
+        assert r.checks["passed"], (r.upper, r.lower, r.checks["failures"])
+        assert r.upper.startswith(keywords[0]) and r.lower.startswith(keywords[1])
+        reply = chat_lm.tokenizer.decode(chat_lm.char_ids(r.upper) + list(chat_lm.family.line_break)
+                                         + chat_lm.char_ids(r.lower))
+        assert parse_reply("上联：" + reply)[:2] == (r.upper, r.lower)
+    assert pool.total_refs() == 0
+
+
+@pytest.mark.parametrize(("reply", "parsed"), [
+    ("上联：春风送暖千家福\n下联：瑞雪迎春万户欢\n横批：四季平安", ("春风送暖千家福", "瑞雪迎春万户欢", "四季平安")),
+    ("好的！上联: 春风送暖千家福，下联: 瑞雪迎春万户欢。", ("春风送暖千家福", "瑞雪迎春万户欢", "")),
+])
+def test_parse_reply_reads_free_form_answers(reply, parsed):
+    assert parse_reply(reply) == parsed
+
+
+def test_parse_reply_refuses_a_malformed_answer():
+    with pytest.raises(ValueError, match="malformed"):
+        parse_reply("新年快乐！")

@@ -32,3 +32,17 @@ for name in ("serve_embedded", "serve_05b"):
     for run in out["runs"]:
         print(run["budget_mb"], {m: round((r["device_peak_bytes"] or 0) / 2**20, 1) for m, r in run["modes"].items()})
 PY
+# Weights against KV: the 0.5B-shaped model in bf16, int8 and nf4 (bitsandbytes), one couplet each
+python - "$OUT" <<'PY'
+import sys, torch
+from couplet.generate import CoupletRequest, generate
+from couplet.model import load_model
+print("\n| weights | weight memory (MiB) | couplet KV peak (KiB) | device peak (MiB) |\n| --- | ---: | ---: | ---: |")
+for weights in (None, "int8", "nf4"):
+    torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()
+    lm = load_model(f"{sys.argv[1]}/qwen-0.5b-shape", device="cuda", dtype="bfloat16", weights=weights)
+    r = generate(lm, CoupletRequest("龙马精神"))
+    print(f"| {weights or 'bf16'} | {lm.weight_bytes / 2**20:.1f} | {r.peak_bytes / 1024:.1f} | "
+          f"{torch.cuda.max_memory_allocated() / 2**20:.1f} |")
+    del lm
+PY

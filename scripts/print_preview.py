@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("texts", nargs="*", default=["龙马金华春色好", "精神玉骨夜光新", "龙马精神"])
+    p.add_argument("texts", nargs="*", default=["龙马新随云气动", "精神时见雨光浮", "龙马精神"])
     p.add_argument("--out", default=str(ROOT / "assets" / "print_set.png"))
     args = p.parse_args()
     cfg = PrintConfig(png_cell_px=90)

@@ -129,6 +129,10 @@ def _stream(make_request, temperature: float, seed: float, year: float, modes: l
         notice = "；".join(filter(None, [notice, f"年份须在 {MIN_YEAR}–{MAX_YEAR} 之间，已改用 {DEFAULT_YEAR} 年。"]))
         gr.Warning(notice)
     modes = [m for m in MODES if m in (modes or [])] or ["full"]
+    refusals = [why for m in modes if (why := model().family.mode_refusal(m))]  # what this model's family cannot run
+    if refusals:
+        modes = [m for m in modes if not model().family.mode_refusal(m)] or ["full"]
+        notice = "；".join(filter(None, [notice, *refusals]))
     shown = "full" if "full" in modes else modes[0]
     try:
         request = make_request(float(temperature or 0.0), int(seed or 0))
@@ -272,7 +276,8 @@ def build_app() -> gr.Blocks:
     load_store()  # the exemplar index (~5 s to build): at start-up, not on the first visitor's request
     engine()  # its worker thread waits for the first visitor
     label = year_label(DEFAULT_YEAR)
-    mode_choices = [(f"{mode_label(m)}：{MODE_INFO[m].summary_zh}", m) for m in MODES]
+    mode_choices = [(f"{mode_label(m)}：{MODE_INFO[m].summary_zh}"
+                     + ("（本模型不可用）" if lm.family.mode_refusal(m) else ""), m) for m in MODES]
     with gr.Blocks(title="开门见喜 · 春联生成终端") as demo:
         notice = f'<p class="model-notice" role="status">{html.escape(_model_notice)}</p>' if _model_notice else ""
         gr.HTML(f'<header id="masthead"><h1>开门见喜 · 春联生成终端</h1>'

@@ -17,7 +17,11 @@ the same for all: they see token ids, one character per step.
   then `上联：`; `\n下联：` between the lines. Byte-level BPE vocabularies are decoded to find the Han
   characters that are one token (`LoadedModel.vocab`).
 
-Encoder–decoder models (T5, ModelScope's PALM) are not wired in yet: `detect` refuses them clearly.
+- `t5-couplet` — T5 couplet models (`对联：` + 上联 → 下联): 对下联 only; the modes compress the decoder's
+  self-attention; modes that evict (T5's relative position bias counts the keys held) or share a prefix
+  (the decoder's prompt is one start token) are refused with the reason.
+
+Other encoder–decoders (ModelScope's PALM, BART) are not wired in yet: `detect` refuses them clearly.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from couplet.prompt import DEFAULT_PROMPT, Context, HouseCouplet, PromptConfig, 
 from couplet.tokenizer import LENGTH_TAGS, MID, SEP, FormatIds, prompt_ids
 
 EMPTY_CONTEXT = Context((), ())
-ENCODER_DECODERS = ("t5", "mt5", "bart", "mbart", "palm")  # need an encoder–decoder loop: not wired in
+ENCODER_DECODERS = ("bart", "mbart", "palm")  # encoder–decoders other than T5: not wired in
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,7 @@ class Family:
     line_break: tuple[int, ...]  # fed with the last 上联 character
     uses_context: bool  # house prefix and exemplars in the prompt
     byte_level: bool = False  # a byte-level BPE vocabulary: token text is decoded (`LoadedModel.vocab`)
+    encoder_decoder: bool = False  # the 上联 goes to an encoder; the decoder writes the 下联 only
 
     def context(self, query: str, length: int, cfg: PromptConfig = DEFAULT_PROMPT) -> Context:
         return build_context(self.tokenizer, query, length, cfg) if self.uses_context else EMPTY_CONTEXT
@@ -60,6 +65,14 @@ class Family:
     def shared_prefix(self, house: Sequence[HouseCouplet]) -> int:
         """Prompt tokens every request with this house prefix shares."""
         return 0
+
+    def mode_refusal(self, mode: str) -> str | None:
+        """Why this family cannot run `mode` (Chinese, for the CLI and the page), or None."""
+        return None
+
+    def task_refusal(self, task: str) -> str | None:
+        """Why this family cannot do `task` ("couplet" from keywords, "duixia"), or None."""
+        return None
 
 
 @dataclass(frozen=True)
@@ -130,6 +143,40 @@ class ChatFamily(Family):
         return len(system) if full[: len(system)] == system else 0
 
 
+@dataclass(frozen=True)
+class Seq2SeqCoupletFamily(Family):
+    """T5 couplet models (shibing624/t5-chinese-couplet: `AutoModelForSeq2SeqLM`, input `对联：` + 上联): the
+    encoder reads the 上联, the decoder writes the 下联 from its start token. The modes compress the decoder's
+    self-attention cache (inside transformers' `EncoderDecoderCache`); the cross-attention keys and values
+    are computed once from the encoder, kept at full precision and never evicted."""
+
+    start: int = 0  # decoder_start_token_id
+    prefix: str = "对联："
+
+    def prompt(self, keywords: str, length: int, context: Context, upper: str = "") -> tuple[list[int], list[int]]:
+        return [self.start], []
+
+    def encoder_ids(self, upper: str) -> list[int]:
+        return list(self.tokenizer(self.prefix + upper)["input_ids"])
+
+    def mode_refusal(self, mode: str) -> str | None:
+        from couplet.kvcache import make_mode
+
+        parts = make_mode(mode).compose()
+        if parts.retention is not None:
+            return (f"{self.label_zh}不支持「{mode}」：T5 的相对位置偏置按缓存里的键数计算，逐出之后位置就对不上了；"
+                    "请用不逐出的模式（full、int8、int4）。")
+        if parts.sharing is not None:
+            return (f"{self.label_zh}不支持「{mode}」：解码器的提示只有一个起始符，没有可以跨访客共享的前缀"
+                    "（上联在编码器里）。")
+        return None
+
+    def task_refusal(self, task: str) -> str | None:
+        if task != "duixia":
+            return f"{self.label_zh}只会对下联：请在「对下联」里给出 5 或 7 字的上联。"
+        return None
+
+
 def parse_reply(text: str) -> tuple[str, str, str]:
     """(上联, 下联, 横批) from a free-form reply ("上联：…\n下联：…\n横批：…", any colon, spaces, punctuation);
     横批 may be "". Raises ValueError for a reply without both lines."""
@@ -149,8 +196,9 @@ class UnsupportedFamily(ValueError):
     """A checkpoint whose prompt format this project does not speak (yet)."""
 
 
-def detect(tokenizer: PreTrainedTokenizerBase, model_type: str) -> Family:
-    """The family of a checkpoint, from its tokenizer and `config.model_type`."""
+def detect(tokenizer: PreTrainedTokenizerBase, model_type: str, decoder_start: int = 0) -> Family:
+    """The family of a checkpoint, from its tokenizer and `config.model_type` (`decoder_start`: an
+    encoder–decoder's `decoder_start_token_id`)."""
     vocab = tokenizer.get_vocab()
     if all(t in vocab for t in (SEP, MID, *LENGTH_TAGS.values())):
         f = FormatIds.of(tokenizer)
@@ -159,6 +207,12 @@ def detect(tokenizer: PreTrainedTokenizerBase, model_type: str) -> Family:
         pad = vocab.get("[PAD]", vocab["[UNK]"])
         return Gpt2CoupletFamily("gpt2-couplet", "GPT-2 对联模型（[CLS] 上联 - 下联）", tokenizer, pad, vocab["[UNK]"],
                                  (vocab["-"],), False, cls=vocab["[CLS]"])
+    if model_type in ("t5", "mt5"):
+        byte_level = not any(len(t) == 1 and "\u4e00" <= t <= "\u9fff" for t in vocab)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        unk = tokenizer.unk_token_id if tokenizer.unk_token_id is not None else pad
+        return Seq2SeqCoupletFamily("t5-couplet", "T5 对联模型", tokenizer, pad, unk, (), False, byte_level, True,
+                                    start=decoder_start)
     if getattr(tokenizer, "chat_template", None) and model_type not in ENCODER_DECODERS:
         byte_level = not any(len(t) == 1 and "\u4e00" <= t <= "\u9fff" for t in vocab)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -31,7 +31,7 @@ from couplet.model import LoadedModel
 from couplet.placement import Placement, couplet_protection, place_keywords
 from couplet.prompt import DEFAULT_PROMPT, Context, PromptConfig
 from couplet.rules import check_couplet
-from couplet.text import Keywords, normalize_keywords, normalize_upper
+from couplet.text import CoupletInputError, Keywords, normalize_keywords, normalize_upper
 from couplet.tones import LEVEL, OBLIQUE, tone_class
 
 LENGTHS = (5, 7)
@@ -91,6 +91,8 @@ class Prepared:
 def prepare(lm: LoadedModel, request: CoupletRequest, prompt: PromptConfig = DEFAULT_PROMPT,
             voice: VoiceConfig = DEFAULT_VOICE) -> Prepared:
     """Normalise the input (raises CoupletInputError for bad input) and lay out the prompt."""
+    if (refusal := lm.family.task_refusal(request.task)) is not None:
+        raise CoupletInputError(refusal)
     if request.task == "duixia":
         given = normalize_upper(request.upper, lm.vocab)
         length, notes, lower_end = len(given.text), list(given.notes), LEVEL
@@ -171,6 +173,8 @@ class Decoding:
         lengths = {p.length for p in preps}
         if len(lengths) != 1 or (follow is not None and len(preps) != 1):
             raise ValueError("a batch holds requests of one line length (and follows one couplet at most)")
+        if (refusal := lm.family.mode_refusal(mode)) is not None:
+            raise ValueError(refusal)
         self.lm, self.preps, self.mode, self.follow = lm, list(preps), mode, follow
         self.length = lengths.pop()
         self.session = make_mode(mode, **mode_options).new_session(lm.model, pool=pool)
@@ -178,11 +182,13 @@ class Decoding:
                                            [line for pair in p.context.exemplars for line in pair])
                             for p in preps]
         self.keyword_positions = [list(p.keyword_positions) for p in preps]
-        self.lines = [["", ""] for _ in preps]
+        # an encoder–decoder reads the given 上联 in its encoder: its decoder writes the 下联 only
+        self.encoder_decoder = lm.family.encoder_decoder
+        self.lines = [[p.keywords.text if self.encoder_decoder else "", ""] for p in preps]
         self.records: list[list[StepRecord]] = [[] for _ in preps]
         self.seconds = 0.0
         self.logits: torch.Tensor | None = None  # (batch, vocab): each row's next-token distribution
-        self._next = (0, 0)  # (line, position) the next step writes
+        self._next = (1, 0) if self.encoder_decoder else (0, 0)  # (line, position) the next step writes
 
     @property
     def done(self) -> bool:
@@ -196,8 +202,11 @@ class Decoding:
         with torch.inference_mode():
             # every token fed: the prompt, 上联 + <mid>, 下联 but its last character; retention budgets are a
             # share of this whole length (a fixed per-request cap), not of the tokens seen so far
-            self.session.expect([len(p.prompt) + 2 * self.length + len(self.lm.family.line_break) - 1
-                                 for p in self.preps])
+            brk = len(self.lm.family.line_break)
+            fed = self.length - 1 if self.encoder_decoder else 2 * self.length + brk - 1
+            self.session.expect([len(p.prompt) + fed for p in self.preps])
+            if self.encoder_decoder:
+                self._encode()
             width = max(len(p.prompt) for p in self.preps)
             ids = [[self.lm.family.pad] * (width - len(p.prompt)) + p.prompt for p in self.preps]
             mask = None
@@ -208,6 +217,16 @@ class Decoding:
             self.logits = out[:, -1]
             # a prefix-pool hit computes only the rest: what the prefill cost each request
             return self._progress(0, [""] * len(self.preps), t0)
+
+    def _encode(self) -> None:
+        """The encoder's outputs for every row's 上联 (right-padded; the mask hides the padding)."""
+        family = self.lm.family
+        assert hasattr(family, "encoder_ids")
+        rows = [family.encoder_ids(p.keywords.text) for p in self.preps]
+        width = max(len(r) for r in rows)
+        ids = torch.tensor([r + [family.pad] * (width - len(r)) for r in rows], device=self.lm.device)
+        mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], device=self.lm.device)
+        self.session.set_encoder(self.lm.model.get_encoder()(input_ids=ids, attention_mask=mask), mask)
 
     def step(self) -> list[Progress]:
         """Choose (or follow) each row's next character and feed them: one forward, none after the last."""

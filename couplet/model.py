@@ -14,7 +14,14 @@ from functools import cached_property
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 from transformers.utils import logging as hf_logging
 
 from couplet.families import Family, UnsupportedFamily, detect
@@ -72,7 +79,8 @@ class LoadedModel:
     family: Family = field(init=False)  # how it is prompted (`couplet.families`)
 
     def __post_init__(self) -> None:
-        self.family = detect(self.tokenizer, self.model.config.model_type)
+        config = self.model.config
+        self.family = detect(self.tokenizer, config.model_type, getattr(config, "decoder_start_token_id", 0) or 0)
 
     @cached_property
     def ids(self) -> FormatIds:
@@ -137,15 +145,17 @@ def load_model(name: str | None = None, device: str | None = None, dtype: str | 
     hf_logging.disable_progress_bar()  # no loading bars in the CLI's output or the app's logs
     source = resolve_source(name)
     tokenizer = AutoTokenizer.from_pretrained(source)
+    config = AutoConfig.from_pretrained(source)
     try:  # before the weights: a family we cannot prompt is refused at once
-        detect(tokenizer, AutoConfig.from_pretrained(source).model_type)
+        detect(tokenizer, config.model_type)
     except UnsupportedFamily as e:
         raise UnsupportedModel(f"模型「{name or source}」：{e}") from None
+    auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
     if quant is not None:
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[dtype_name], quantization_config=quant,
-                                                     device_map={"": device})
+        model = auto.from_pretrained(source, dtype=DTYPES[dtype_name], quantization_config=quant,
+                                     device_map={"": device})
     else:
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[dtype_name])
+        model = auto.from_pretrained(source, dtype=DTYPES[dtype_name])
         model.to(device)  # type: ignore[arg-type]  # transformers' stubs mistype the wrapped .to()
     model.eval()
     return LoadedModel(model, tokenizer, source, device, DTYPES[dtype_name], weights)

@@ -76,10 +76,11 @@ def test_an_unknown_family_is_refused_with_the_reason(tmp_path):
 
     tok = AutoTokenizer.from_pretrained(make_gpt2_couplet(tmp_path / "g"))
     with pytest.raises(UnsupportedFamily, match="暂不支持"):
-        detect(tok, "t5")
+        detect(tok, "bart")
+    with pytest.raises(UnsupportedFamily, match="llama"):  # a plain decoder: no couplet format, no chat template
+        detect(tok, "llama")
     tok.chat_template = "{{ messages }}"
-    with pytest.raises(UnsupportedFamily, match="chat/instruct"):
-        detect(tok, "qwen2")
+    assert detect(tok, "llama").name == "chat"
     no_line_break = make_gpt2_couplet(tmp_path / "h", specials=[t for t in BERT_SPECIALS if t != "-"])
     with pytest.raises(UnsupportedModel, match="暂不支持"):
         load_model(str(no_line_break), device="cpu")
@@ -165,3 +166,56 @@ def test_parse_reply_reads_free_form_answers(reply, parsed):
 def test_parse_reply_refuses_a_malformed_answer():
     with pytest.raises(ValueError, match="malformed"):
         parse_reply("新年快乐！")
+
+
+def make_t5_couplet(path: Path, seed: int = 0) -> Path:
+    """A T5 with a BERT vocabulary (the shibing624/t5-chinese-couplet layout: input `对联：` + 上联), random."""
+    import torch
+    from transformers import BertTokenizer, T5Config, T5ForConditionalGeneration
+
+    vocab = [*BERT_SPECIALS, "对", "联", "：", *TINY_CHARS]
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    BertTokenizer(str(path / "vocab.txt")).save_pretrained(path)
+    torch.manual_seed(seed)
+    config = T5Config(vocab_size=len(vocab), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
+                      num_heads=4, pad_token_id=0, decoder_start_token_id=vocab.index("[CLS]"),
+                      eos_token_id=vocab.index("[SEP]"))
+    T5ForConditionalGeneration(config).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def t5_couplet(tmp_path_factory):
+    return load_model(str(make_t5_couplet(tmp_path_factory.mktemp("t5"))), device="cpu", dtype="float32")
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_t5_couplet_model_writes_the_lower_line_or_says_why_not(t5_couplet, mode):
+    family = t5_couplet.family
+    assert family.name == "t5-couplet" and family.encoder_decoder
+    request = CoupletRequest("", upper="春风明月水", task="duixia")
+    refusal = family.mode_refusal(mode)
+    if refusal is not None:
+        assert "逐出" in refusal or "共享" in refusal  # it says why: eviction, or nothing to share
+        with pytest.raises(ValueError, match="不支持"):
+            generate(t5_couplet, request, mode)
+        return
+    r = generate(t5_couplet, request, mode)
+    assert r.upper == "春风明月水" and len(r.lower) == 5 and r.checks["passed"], r.checks["failures"]
+    cfg = t5_couplet.model.config
+    per_token = 2 * cfg.num_decoder_layers * cfg.num_heads * cfg.d_kv * 4
+    last = r.steps[-1]
+    assert last.logical_length == 1 + 4  # the start token and the 下联 but its last character: no 上联 fed
+    assert last.full_equivalent_bytes == 5 * per_token
+    assert r.peak_bytes <= r.full_equivalent_bytes
+
+
+def test_a_t5_couplet_model_refuses_keywords_and_eviction_clearly(t5_couplet):
+    from couplet.text import CoupletInputError
+
+    with pytest.raises(CoupletInputError, match="只会对下联"):
+        generate(t5_couplet, CoupletRequest("春风"))
+    assert "逐出" in t5_couplet.family.mode_refusal("selective")
+    assert "共享" in t5_couplet.family.mode_refusal("shared")
+    assert t5_couplet.family.mode_refusal("int4") is None

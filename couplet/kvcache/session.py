@@ -40,6 +40,11 @@ class ModeSession:
         self.steps = 0
         self._pending: list[RowState] = []  # protect()/expect() before the first forward
         self._closed = False
+        # An encoder–decoder model (T5): the encoder's outputs and mask, and the cross-attention cache. The
+        # mode compresses the decoder's self-attention only; the cross-attention keys and values are
+        # computed once from the encoder, kept at full precision and never evicted (`cross_bytes`).
+        self.encoder: tuple[Any, torch.Tensor | None] | None = None
+        self.cross: Any = None
 
     @property
     def batch(self) -> int:
@@ -77,8 +82,18 @@ class ModeSession:
         retention = self.retention if self.retention is not None and (first or not self.retention.prefill_only) \
             else None  # SnapKV-like policies act on the prompt only
         with recording(self._recording(retention, positions, valid_t)):
-            out = self.model(input_ids=input_ids.to(self.device), attention_mask=mask,
-                             position_ids=pos.clamp(min=0).long(), cache=self.cache, use_cache=True)
+            if self.encoder is None:
+                out = self.model(input_ids=input_ids.to(self.device), attention_mask=mask,
+                                 position_ids=pos.clamp(min=0).long(), cache=self.cache, use_cache=True)
+            else:  # the decoder's own positions come from the cache (relative bias in T5)
+                from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+                if self.cross is None:
+                    self.cross = DynamicCache()
+                enc, enc_mask = self.encoder
+                out = self.model(encoder_outputs=enc, attention_mask=enc_mask,
+                                 decoder_input_ids=input_ids.to(self.device), decoder_attention_mask=mask,
+                                 cache=EncoderDecoderCache(self.cache, self.cross), use_cache=True)
         self.cache.flush()
         for row, new in zip(self.rows, flags or [[True] * q] * b, strict=True):
             row.fed = sum(new)
@@ -104,6 +119,17 @@ class ModeSession:
         Retention modes then cap the cache at `ratio` of it instead of shrinking from the first step."""
         for row, n in zip(self._rows_for("expect", len(lengths)), lengths, strict=True):
             row.expected = n
+
+    def set_encoder(self, outputs: Any, attention_mask: torch.Tensor | None) -> None:
+        """Before the first forward of an encoder–decoder model: what its decoder attends to."""
+        self.encoder = (outputs, attention_mask)
+
+    def cross_bytes(self) -> int:
+        """Bytes of the cross-attention keys and values (encoder–decoder models; 0 before the first step)."""
+        if self.cross is None:
+            return 0
+        return sum(t.numel() * t.element_size() for layer in self.cross.layers
+                   for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if t is not None)
 
     def stats(self) -> KVStats:
         """Totals over the session's rows (for batch 1: the request). `kv_bytes` counts every tensor held,

@@ -178,7 +178,8 @@ def make_t5_couplet(path: Path, seed: int = 0) -> Path:
     (path / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
     BertTokenizer(str(path / "vocab.txt")).save_pretrained(path)
     torch.manual_seed(seed)
-    config = T5Config(vocab_size=len(vocab), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
+    # a decoder shallower than the encoder, and d_kv != d_model / heads: the cache geometry is the decoder's
+    config = T5Config(vocab_size=len(vocab), d_model=32, d_kv=6, d_ff=64, num_layers=2, num_decoder_layers=1,
                       num_heads=4, pad_token_id=0, decoder_start_token_id=vocab.index("[CLS]"),
                       eos_token_id=vocab.index("[SEP]"))
     T5ForConditionalGeneration(config).save_pretrained(path)
@@ -219,3 +220,11 @@ def test_a_t5_couplet_model_refuses_keywords_and_eviction_clearly(t5_couplet):
     assert "逐出" in t5_couplet.family.mode_refusal("selective")
     assert "共享" in t5_couplet.family.mode_refusal("shared")
     assert t5_couplet.family.mode_refusal("int4") is None
+
+
+def test_the_t5_cache_geometry_is_the_decoders(t5_couplet):
+    """What the engine admits by (`owned_peak_bytes`): the decoder's depth and T5's d_kv."""
+    from couplet.kvcache.layer import KVGeometry
+
+    geometry = KVGeometry.of(t5_couplet.model)
+    assert (geometry.layers, geometry.kv_heads, geometry.head_dim) == (1, 4, 6)

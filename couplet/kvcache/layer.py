@@ -48,8 +48,10 @@ class KVGeometry:
         config = model.config.get_text_config()
         heads = config.num_attention_heads
         kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        return cls(config.num_hidden_layers, kv_heads, head_dim, next(model.parameters()).element_size())
+        # T5 names the head size d_kv (not always hidden / heads), and the cache is its decoder's
+        head_dim = getattr(config, "head_dim", None) or getattr(config, "d_kv", None) or config.hidden_size // heads
+        layers = getattr(config, "num_decoder_layers", None) or config.num_hidden_layers
+        return cls(layers, kv_heads, head_dim, next(model.parameters()).element_size())
 
 
 def attention_layers(model: Any) -> KVGeometry:

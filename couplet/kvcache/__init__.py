@@ -8,7 +8,7 @@
         session.protect([[2, 3, 9]])             # per row, logical positions to keep (retention modes)
         logits = session.forward(next_ids)       # (batch, 1)
         stats = session.stats()                  # couplet.events.KVStats
-    policy.describe()  # "selective: ratio=0.5, sinks=0, recent=4, floor=4, decay=0.0, keep_prompt=False"
+    policy.describe()  # "selective: ratio=0.5, sinks=0, recent=8, floor=4, decay=0.5, keep_prompt=False"
 
 A mode is a composition (`base.py`): a storage format (`storage.py`, `quant.py`: full precision, int8,
 int4) × a retention policy (`retention.py`; `window.py`, `selective.py`, `snapkv.py`: knobs and one

@@ -207,36 +207,53 @@ def tiles(n: int, fits: int) -> list[range]:
 
 # --- SVG and PNG: one file per piece --------------------------------------------------------------------
 
+FU_SIDE = 2.2  # the 福 diamond's side, in cells
+FU_GLYPH = 1.9  # the 福 fills its diamond: its size against a strip character's
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A piece drawn whole, in the caller's units: its size, each character's centre, the glyph size."""
+
+    width: float
+    height: float
+    centres: list[tuple[float, float]]
+    glyph: float
+
+
+def layout(piece: Piece, unit: float, snap=lambda v: v) -> Layout:
+    """The piece at `unit` per cell; `snap` rounds its outer size (to whole pixels for a PNG)."""
+    if piece.diamond:
+        size = snap(FU_SIDE * unit * math.sqrt(2))
+        return Layout(size, size, [(size / 2, size / 2)], GLYPH * unit * FU_GLYPH)
+    along, across = (snap(v * unit) for v in strip_size(len(piece.cells)))
+    w, h = (across, along) if piece.vertical else (along, across)
+    mid = across / 2
+    centres = [((mid, t * unit) if piece.vertical else (t * unit, mid)) for t in char_centres(len(piece.cells))]
+    return Layout(w, h, centres, GLYPH * unit)
+
 
 def piece_svg(piece: Piece, cfg: PrintConfig) -> str:
     """The piece at print size (width/height in mm; 1 cell = 100 user units), glyphs as paths."""
     from html import escape
 
     g, ink, unit = glyphs(), INKS[cfg.ink], 100.0
-    scale = GLYPH * unit / g.upem
+    box = layout(piece, unit)
+    w, h, scale = box.width, box.height, box.glyph / g.upem
     if piece.diamond:
-        side = unit * 2.2
-        size = side * math.sqrt(2)
-        c = size / 2
+        side, c = unit * FU_SIDE, w / 2
         paper = (f'<rect x="{c - side / 2:.1f}" y="{c - side / 2:.1f}" width="{side:.1f}" height="{side:.1f}" '
                  f'fill="{RED}" transform="rotate(45 {c:.1f} {c:.1f})"/>'
                  f'<rect x="{c - side * 0.45:.1f}" y="{c - side * 0.45:.1f}" width="{side * 0.9:.1f}" '
                  f'height="{side * 0.9:.1f}" fill="none" stroke="{BORDER}" stroke-width="3" '
                  f'transform="rotate(45 {c:.1f} {c:.1f})"/>')
-        w = h = size
-        scale *= 1.9  # the 福 fills the diamond
-        centres = [(c, c)]
     else:
-        along, across = (v * unit for v in strip_size(len(piece.cells)))
-        w, h = (across, along) if piece.vertical else (along, across)
         inset = PAD * unit * 0.35
         paper = (f'<rect width="{w:.1f}" height="{h:.1f}" fill="{RED}"/>'
                  f'<rect x="{inset:.1f}" y="{inset:.1f}" width="{w - 2 * inset:.1f}" height="{h - 2 * inset:.1f}" '
                  f'fill="none" stroke="{BORDER}" stroke-width="2"/>')
-        mid = across / 2
-        centres = [((mid, t * unit) if piece.vertical else (t * unit, mid)) for t in char_centres(len(piece.cells))]
     body = []
-    for ch, (cx, cy) in zip(piece.cells, centres, strict=True):
+    for ch, (cx, cy) in zip(piece.cells, box.centres, strict=True):
         d, _ = g.outline(ch)
         ix, iy = g.ink_centre(ch)
         body.append(f'<path d="{d}" transform="translate({cx - ix * scale:.2f} {cy + iy * scale:.2f}) '
@@ -253,30 +270,24 @@ def piece_png(piece: Piece, cfg: PrintConfig, path: Path) -> tuple[int, int]:
     from PIL import Image, ImageDraw, ImageFont
 
     g, px = glyphs(), cfg.png_cell_px
+    box = layout(piece, px, snap=round)
+    w, h = int(box.width), int(box.height)
     if piece.diamond:
-        side = 2.2 * px
-        size = round(side * math.sqrt(2))
+        size = w
         img = Image.new("RGB", (size, size), "white")
         draw = ImageDraw.Draw(img)
         c = size / 2
         draw.polygon([(c, 0), (size - 1, c), (c, size - 1), (0, c)], fill=RED)
         r = c * 0.9
         draw.polygon([(c, c - r), (c + r, c), (c, c + r), (c - r, c)], outline=BORDER, width=max(2, px // 60))
-        font_px = GLYPH * px * 1.9
-        centres = [(c, c)]
     else:
-        along, across = (round(v * px) for v in strip_size(len(piece.cells)))
-        w, h = (across, along) if piece.vertical else (along, across)
         img = Image.new("RGB", (w, h), RED)
         draw = ImageDraw.Draw(img)
         inset = round(PAD * px * 0.35)
         draw.rectangle([inset, inset, w - 1 - inset, h - 1 - inset], outline=BORDER, width=max(2, px // 100))
-        font_px = GLYPH * px
-        mid = across / 2
-        centres = [((mid, t * px) if piece.vertical else (t * px, mid)) for t in char_centres(len(piece.cells))]
-    font = ImageFont.truetype(str(font_ttf()), round(font_px))
-    scale = round(font_px) / g.upem
-    for ch, (cx, cy) in zip(piece.cells, centres, strict=True):
+    font = ImageFont.truetype(str(font_ttf()), round(box.glyph))
+    scale = round(box.glyph) / g.upem
+    for ch, (cx, cy) in zip(piece.cells, box.centres, strict=True):
         ix, iy = g.ink_centre(ch)
         draw.text((cx - ix * scale, cy + iy * scale), ch, font=font, fill=INKS[cfg.ink], anchor="ls")
     img.save(path, optimize=True)

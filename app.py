@@ -34,7 +34,7 @@ from couplet.kvcache import MODE_INFO, MODES
 from couplet.model import LoadedModel, load_model_or_embedded
 from couplet.printing import PAPERS_MM, PrintConfig, font_ttf, print_set
 from couplet.share import ShareLink, parse_query, share_url
-from couplet.text import CoupletInputError
+from couplet.text import CoupletInputError, visitor_part
 from couplet.view import about_markdown, checks_html, mode_label, modes_table_html, peak_panel_html
 
 try:  # ZeroGPU on Hugging Face Spaces; elsewhere a no-op
@@ -128,11 +128,11 @@ def _stream(make_request, temperature: float, seed: float, year: float, modes: l
         label = year_label(DEFAULT_YEAR)
         notice = "；".join(filter(None, [notice, f"年份须在 {MIN_YEAR}–{MAX_YEAR} 之间，已改用 {DEFAULT_YEAR} 年。"]))
         gr.Warning(notice)
-    modes = [m for m in MODES if m in (modes or [])] or ["full"]
-    refusals = [why for m in modes if (why := model().family.mode_refusal(m))]  # what this model's family cannot run
+    modes = ticked(modes)
+    refusals = {m: why for m in modes if (why := model().family.mode_refusal(m))}  # what this family cannot run
     if refusals:
-        modes = [m for m in modes if not model().family.mode_refusal(m)] or ["full"]
-        notice = "；".join(filter(None, [notice, *refusals]))
+        modes = [m for m in modes if m not in refusals] or ["full"]
+        notice = "；".join(filter(None, [notice, *refusals.values()]))
     shown = "full" if "full" in modes else modes[0]
     try:
         request = make_request(float(temperature or 0.0), int(seed or 0))
@@ -150,13 +150,18 @@ def _stream(make_request, temperature: float, seed: float, year: float, modes: l
         yield _outputs(render_gate("", "", "", year_label=label, opened=False, message=str(e)),
                        checks_html(None, str(e)), {}, modes_table_html({}), [])
     except CoupletInputError as e:
-        gr.Warning(str(e).split(" (")[0])
-        yield _outputs(render_gate("", "", "", year_label=label, opened=False, message=str(e).split(" (")[0]),
+        gr.Warning(visitor_part(e))
+        yield _outputs(render_gate("", "", "", year_label=label, opened=False, message=visitor_part(e)),
                        checks_html(None, "；".join(filter(None, [str(e), notice]))), {}, modes_table_html({}), [])
     except (ValueError, OverflowError) as e:
         gr.Warning("参数有误，请检查后重试。")
         yield _outputs(render_gate("", "", "", year_label=label, opened=False, message="参数有误，请检查后重试。"),
                        checks_html(None, f"参数有误：{e}"), {}, modes_table_html({}), [])
+
+
+def ticked(modes: list[str] | None) -> list[str]:
+    """The ticked modes in registry order; none ticked means `full`."""
+    return [m for m in MODES if m in (modes or [])] or ["full"]
 
 
 SKIP6 = (gr.skip(),) * 6  # a step that leaves the six outputs of a couplet stream as they are
@@ -212,14 +217,14 @@ def take_home_keywords(payload: list | None, keywords: str, length: int, acrosti
                        seed: float, year: float, modes: list[str], request: gr.Request) -> tuple:
     link = ShareLink("keywords", keywords=keywords or "", length=int(length or 7), acrostic=bool(acrostic),
                      temperature=float(temperature or 0), seed=int(seed or 0), year=_year_or_default(year),
-                     modes=[m for m in MODES if m in (modes or [])] or ["full"])
+                     modes=ticked(modes))
     return _take_home(payload, link, request)
 
 
 def take_home_duixia(payload: list | None, upper: str, temperature: float, seed: float, year: float,
                      modes: list[str], request: gr.Request) -> tuple:
     link = ShareLink("duixia", upper=upper or "", temperature=float(temperature or 0), seed=int(seed or 0),
-                     year=_year_or_default(year), modes=[m for m in MODES if m in (modes or [])] or ["full"])
+                     year=_year_or_default(year), modes=ticked(modes))
     return _take_home(payload, link, request)
 
 
@@ -232,7 +237,7 @@ def print_couplet(upper: str, lower: str, hengpi: str, paper: str = "A4", ink: s
     try:
         result = print_set(upper or "", lower or "", hengpi or "", PrintConfig(paper or "A4", ink or "black"))
     except CoupletInputError as e:
-        raise gr.Error(str(e).split(" (")[0], title="无法生成打印件") from None
+        raise gr.Error(visitor_part(e), title="无法生成打印件") from None
     return [str(f) for f in result.files]
 
 

@@ -83,11 +83,15 @@ class LineConstraints:
         self.bias = voice_bias(lm, voice)
         echo = {c for line in echo_from for c in line} - set(placement.upper.values()) - set(placement.lower.values())
         if voice.echo and echo:  # this request's own exemplars: words that differ from phrase to phrase
-            bias = self.bias.clone() if self.bias is not None else torch.zeros(len(lm.id_to_char))
+            bias = self._bias_copy()
             bias[[lm.vocab[c] for c in echo if c in lm.vocab]] += voice.echo
             self.bias = bias
         self.copies = copy_runs(borrowed)
         self.ends = (OBLIQUE, lower_end)
+
+    def _bias_copy(self) -> torch.Tensor:
+        """A copy of the request's bias to add to (zeros when the voice adds nothing)."""
+        return self.bias.clone() if self.bias is not None else torch.zeros(len(self.lm.id_to_char))
 
     def bias_at(self, line: int, pos: int, lines: list[str]) -> torch.Tensor | None:
         """The voice bias, plus the 对仗 bias while the 下联 is written: a bonus for the 上联 character's
@@ -96,7 +100,7 @@ class LineConstraints:
         voice = self.voice
         if line == 0 or (voice.pair_class == 0 and voice.pair_tone == 0) or pos >= len(lines[0]):
             return self.bias
-        bias = self.bias.clone() if self.bias is not None else torch.zeros(len(self.lm.id_to_char))
+        bias = self._bias_copy()
         mirror = lines[0][pos]
         if voice.pair_class and (cls := CLASS_OF.get(mirror)):
             bias[self.masks[cls]] += voice.pair_class

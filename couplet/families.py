@@ -34,6 +34,7 @@ from transformers import PreTrainedTokenizerBase
 
 from couplet.exemplars import load_store
 from couplet.prompt import DEFAULT_PROMPT, Context, HouseCouplet, PromptConfig, build_context, house_ids
+from couplet.text import is_han
 from couplet.tokenizer import LENGTH_TAGS, MID, SEP, FormatIds, prompt_ids
 
 EMPTY_CONTEXT = Context((), ())
@@ -207,20 +208,23 @@ def detect(tokenizer: PreTrainedTokenizerBase, model_type: str, decoder_start: i
         pad = vocab.get("[PAD]", vocab["[UNK]"])
         return Gpt2CoupletFamily("gpt2-couplet", "GPT-2 对联模型（[CLS] 上联 - 下联）", tokenizer, pad, vocab["[UNK]"],
                                  (vocab["-"],), False, cls=vocab["[CLS]"])
+    # a hub tokenizer's own pad and unknown ids; byte-level BPE when no Han character is a token as it is
+    byte_level = not any(len(t) == 1 and is_han(t) for t in vocab)
     if model_type in ("t5", "mt5"):
-        byte_level = not any(len(t) == 1 and "\u4e00" <= t <= "\u9fff" for t in vocab)
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        unk = tokenizer.unk_token_id if tokenizer.unk_token_id is not None else pad
+        pad, unk = _pad_unk(tokenizer, fallback=0)
         return Seq2SeqCoupletFamily("t5-couplet", "T5 对联模型", tokenizer, pad, unk, (), False, byte_level, True,
                                     start=decoder_start)
     if getattr(tokenizer, "chat_template", None) and model_type not in ENCODER_DECODERS:
-        byte_level = not any(len(t) == 1 and "\u4e00" <= t <= "\u9fff" for t in vocab)
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        unk = tokenizer.unk_token_id if tokenizer.unk_token_id is not None else pad
+        pad, unk = _pad_unk(tokenizer, fallback=tokenizer.eos_token_id)
         return ChatFamily("chat", "对话模型（chat template）", tokenizer, pad, unk,
                           tuple(tokenizer.encode("\n下联：", add_special_tokens=False)), True, byte_level)
-    kind = model_type
     raise UnsupportedFamily(
-        f"模型族「{kind}」暂不支持：本项目目前能用本项目春联格式的模型和 GPT-2 对联模型（BERT 词表）。 "
-        f"(model family {kind!r} is not wired in yet: supported are this project's couplet format and GPT-2 "
-        "couplet models with a BERT vocabulary)")
+        f"模型族「{model_type}」暂不支持：本项目能用本项目春联格式、GPT-2 对联模型（BERT 词表）、带对话模板的模型和 T5 "
+        f"对联模型。 (model family {model_type!r} is not wired in yet: supported are this project's couplet "
+        "format, GPT-2 couplet models with a BERT vocabulary, models with a chat template, and T5 couplet models)")
+
+
+def _pad_unk(tokenizer: PreTrainedTokenizerBase, fallback: int) -> tuple[int, int]:
+    """The tokenizer's pad id (else `fallback`) and its unknown-token id (else the pad id)."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else fallback
+    return pad, tokenizer.unk_token_id if tokenizer.unk_token_id is not None else pad

@@ -9,7 +9,7 @@ hub models. The model's dtype and device are chosen here once and recorded for t
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
@@ -26,7 +26,7 @@ from transformers.utils import logging as hf_logging
 
 from couplet.families import Family, UnsupportedFamily, detect
 from couplet.hub import WEIGHTS, ModelUnavailable, resolve
-from couplet.text import is_han
+from couplet.text import is_han, visitor_part
 from couplet.tokenizer import FormatIds
 
 EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "assets" / "model"
@@ -75,12 +75,8 @@ class LoadedModel:
     source: str
     device: str
     dtype: torch.dtype
+    family: Family  # how it is prompted (`couplet.families`)
     weights: str | None = None  # bitsandbytes quantization of the weights, if any
-    family: Family = field(init=False)  # how it is prompted (`couplet.families`)
-
-    def __post_init__(self) -> None:
-        config = self.model.config
-        self.family = detect(self.tokenizer, config.model_type, getattr(config, "decoder_start_token_id", 0) or 0)
 
     @cached_property
     def ids(self) -> FormatIds:
@@ -147,7 +143,7 @@ def load_model(name: str | None = None, device: str | None = None, dtype: str | 
     tokenizer = AutoTokenizer.from_pretrained(source)
     config = AutoConfig.from_pretrained(source)
     try:  # before the weights: a family we cannot prompt is refused at once
-        detect(tokenizer, config.model_type)
+        family = detect(tokenizer, config.model_type, getattr(config, "decoder_start_token_id", 0) or 0)
     except UnsupportedFamily as e:
         raise UnsupportedModel(f"模型「{name or source}」：{e}") from None
     auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
@@ -158,7 +154,7 @@ def load_model(name: str | None = None, device: str | None = None, dtype: str | 
         model = auto.from_pretrained(source, dtype=DTYPES[dtype_name])
         model.to(device)  # type: ignore[arg-type]  # transformers' stubs mistype the wrapped .to()
     model.eval()
-    return LoadedModel(model, tokenizer, source, device, DTYPES[dtype_name], weights)
+    return LoadedModel(model, tokenizer, source, device, DTYPES[dtype_name], family, weights)
 
 
 def load_model_or_embedded(name: str | None = None, device: str | None = None, dtype: str | None = None,
@@ -171,6 +167,6 @@ def load_model_or_embedded(name: str | None = None, device: str | None = None, d
     except (ModelUnavailable, ValueError, OSError) as e:
         if not asked or asked == str(EMBEDDED_MODEL):
             raise  # the embedded model itself is broken: nothing to fall back to
-        reason = str(e).split(" (")[0]
+        reason = visitor_part(e)
         return (load_model(str(EMBEDDED_MODEL), device, dtype),
                 f"未能加载模型「{asked}」：{reason} 已改用内置小模型。")

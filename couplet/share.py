@@ -22,7 +22,7 @@ from urllib.parse import quote
 
 from couplet.calendar import DEFAULT_YEAR, MAX_YEAR, MIN_YEAR
 from couplet.kvcache.registry import MODES, parse_modes
-from couplet.text import CoupletInputError, is_han, normalize_keywords, normalize_upper
+from couplet.text import CoupletInputError, is_han, normalize_keywords, normalize_upper, visitor_part
 
 MAX_VALUE_CHARS = 64  # a longer query value is cut (and said so): no one types 64 characters of keywords
 MAX_TEMPERATURE = 1.5
@@ -109,18 +109,16 @@ def parse_query(params: Mapping[str, str]) -> ShareLink:
         except ValueError:
             link.notes.append("链接中有未知的缓存模式，已选全部模式（可选：" + "、".join(MODES) + "）。")
     # the text last: keywords (or a 上联) the form would refuse are refused here, with the form's message
-    if "kw" in raw:
-        link.task, link.keywords = "keywords", raw["kw"]
-        try:
-            normalize_keywords(raw["kw"])
-        except CoupletInputError as e:
-            link.error = str(e).split(" (")[0]
-    elif "up" in raw:
-        link.task, link.upper = "duixia", raw["up"]
-        try:
-            normalize_upper(raw["up"])
-        except CoupletInputError as e:
-            link.error = str(e).split(" (")[0]
+    for key, task, field_name, normalize in (("kw", "keywords", "keywords", normalize_keywords),
+                                             ("up", "duixia", "upper", normalize_upper)):
+        if key in raw:
+            link.task = task
+            setattr(link, field_name, raw[key])
+            try:
+                normalize(raw[key])
+            except CoupletInputError as e:
+                link.error = visitor_part(e)
+            break
     return link
 
 

@@ -21,6 +21,12 @@ class CoupletInputError(ValueError):
     """Bad user input. The message is written for the visitor (Chinese first, English after)."""
 
 
+def visitor_part(message: object) -> str:
+    """The part of a bilingual message ("中文说明。 (English.)") a visitor reads: everything before " (".
+    Every refusal in this project (input, printing, model loading) is written that way."""
+    return str(message).split(" (")[0]
+
+
 def is_han(ch: str) -> bool:
     return bool(_HAN.fullmatch(ch))
 

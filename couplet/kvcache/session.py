@@ -42,7 +42,7 @@ class ModeSession:
         self._closed = False
         # An encoder–decoder model (T5): the encoder's outputs and mask, and the cross-attention cache. The
         # mode compresses the decoder's self-attention only; the cross-attention keys and values are
-        # computed once from the encoder, kept at full precision and never evicted (`cross_bytes`).
+        # computed once from the encoder, kept at full precision and never evicted.
         self.encoder: tuple[Any, torch.Tensor | None] | None = None
         self.cross: Any = None
 
@@ -123,13 +123,6 @@ class ModeSession:
     def set_encoder(self, outputs: Any, attention_mask: torch.Tensor | None) -> None:
         """Before the first forward of an encoder–decoder model: what its decoder attends to."""
         self.encoder = (outputs, attention_mask)
-
-    def cross_bytes(self) -> int:
-        """Bytes of the cross-attention keys and values (encoder–decoder models; 0 before the first step)."""
-        if self.cross is None:
-            return 0
-        return sum(t.numel() * t.element_size() for layer in self.cross.layers
-                   for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if t is not None)
 
     def stats(self) -> KVStats:
         """Totals over the session's rows (for batch 1: the request). `kv_bytes` counts every tensor held,

@@ -24,15 +24,19 @@ import gradio as gr
 import torch
 
 from couplet.calendar import DEFAULT_YEAR, MAX_YEAR, MIN_YEAR, year_label
-from couplet.charts import kv_figure, memory_figure
+from couplet.charts import engine_figure, kv_figure, memory_figure
 from couplet.engine import Engine, EngineBusy, EngineConfig
 from couplet.events import StepRecord
 from couplet.exemplars import load_store
 from couplet.gate import ASSETS_DIR, FONT_PATH, gate_css, render_gate
 from couplet.generate import CoupletRequest
 from couplet.kvcache import MODE_INFO, MODES
+from couplet.kvcache.layer import KVGeometry
 from couplet.model import LoadedModel, load_model_or_embedded
 from couplet.printing import PAPERS_MM, PrintConfig, font_ttf, print_set
+from couplet.serving import BackendConfig, BackendError
+from couplet.serving.vllm_client import VLLM_MODE, EngineGauges, VllmClient
+from couplet.serving.vllm_client import decode as remote_decode
 from couplet.share import ShareLink, parse_query, share_url
 from couplet.text import CoupletInputError, visitor_part
 from couplet.view import about_markdown, checks_html, mode_label, modes_table_html, peak_panel_html
@@ -60,6 +64,11 @@ TORCH_THREADS = int(os.environ.get("COUPLET_TORCH_THREADS", "1"))
 _lm: LoadedModel | None = None
 _engine: Engine | None = None
 _model_notice = ""  # why the page runs on the embedded model when COUPLET_MODEL asked for another
+_client: VllmClient | None = None
+try:  # COUPLET_BACKEND=local|vllm, COUPLET_VLLM_URL (`couplet.serving`)
+    BACKEND, _backend_notice = BackendConfig.from_env(), ""
+except ValueError as e:
+    BACKEND, _backend_notice = BackendConfig(), f"{visitor_part(e)}已改用本进程引擎。"
 
 
 def model() -> LoadedModel:
@@ -79,6 +88,19 @@ def engine() -> Engine:
     return _engine
 
 
+def remote() -> VllmClient | None:
+    """The vLLM server's client when `COUPLET_BACKEND=vllm` (it serves the same checkpoint as `model()`)."""
+    global _client
+    if BACKEND.name == "vllm" and _client is None:
+        _client = VllmClient(BACKEND.vllm_url, KVGeometry.of(model().model))
+    return _client
+
+
+def offered_modes() -> list[str]:
+    """The modes the page offers: the vLLM server's (with that backend), then every in-process mode."""
+    return ([VLLM_MODE] if BACKEND.name == "vllm" else []) + list(MODES)
+
+
 PEAK_BENCH = ASSETS_DIR / "bench" / "serve.json"  # `python -m couplet.bench serve --json` output, committed
 
 
@@ -89,19 +111,32 @@ def load_peak_bench() -> dict | None:
         return None
 
 
-def live_line() -> str:
-    """What the running app holds right now: visitors' requests in flight and waiting, and their KV bytes."""
+def live_line(gauges: EngineGauges | None = None) -> str:
+    """What the running app holds right now: visitors' requests in flight and waiting, and their KV bytes; with
+    the vLLM backend, the server's own gauges as they last came in (engine-wide)."""
     st = engine().stats()
     lm = model()
     weights = f"{lm.weights} 量化" if lm.weights else str(lm.dtype).removeprefix("torch.")
-    return (f'<p class="live-line">此刻在写 {st.in_flight} 份（排队 {st.waiting}），KV 缓存 {st.kv_bytes / 1024:.0f} KB'
-            f' + 共享前缀池 {st.pool_bytes / 1024:.0f} KB，预算 {KV_BUDGET_MB:g} MB；'
-            f'模型权重 {lm.weight_bytes / 2**20:.1f} MB（{weights}）。</p>')
+    served = ""
+    if gauges is not None:
+        served = (f"<br>vLLM 服务端（{html.escape(BACKEND.vllm_url)}，{gauges.dtype_label} KV）："
+                  f"运行 {gauges.running} 份、排队 {gauges.waiting} 份，KV 缓存 {gauges.kv_bytes / 1024:.0f} / "
+                  f"{gauges.capacity_bytes / 1024:.0f} KB（全引擎合计）。")
+    return (f'<p class="live-line">本进程此刻在写 {st.in_flight} 份（排队 {st.waiting}），KV 缓存 '
+            f'{st.kv_bytes / 1024:.0f} KB + 共享前缀池 {st.pool_bytes / 1024:.0f} KB，预算 {KV_BUDGET_MB:g} MB；'
+            f'模型权重 {lm.weight_bytes / 2**20:.1f} MB（{weights}）。{served}</p>')
 
 
-def _outputs(gate: str, checks: str, records: dict[str, list[StepRecord]], table: str, payload: list) -> tuple:
+def _outputs(gate: str, checks: str, records: dict[str, list[StepRecord]], table: str, payload: list,
+             gauges: dict[int, EngineGauges] | None = None) -> tuple:
+    """The six outputs of a couplet stream. With the vLLM server's gauges (by step), the second chart shows
+    them; the in-process memory chart never mixes in the server's engine-wide figures."""
     labels = {m: mode_label(m) for m in records}
-    return gate, checks, kv_figure(records, labels), memory_figure(records, labels), table, payload
+    if gauges:
+        second = engine_figure(list(gauges), list(gauges.values()))
+    else:
+        second = memory_figure({m: r for m, r in records.items() if m in MODES}, labels)
+    return gate, checks, kv_figure(records, labels), second, table, payload
 
 
 @gpu
@@ -134,20 +169,27 @@ def _stream(make_request, temperature: float, seed: float, year: float, modes: l
         modes = [m for m in modes if m not in refusals] or ["full"]
         notice = "；".join(filter(None, [notice, *refusals.values()]))
     shown = "full" if "full" in modes else modes[0]
+    client = remote()
+    others = {VLLM_MODE: lambda prep: remote_decode(client, model(), prep)} if client and VLLM_MODE in modes else {}
+    gauges: dict[int, EngineGauges] = {}  # the server's gauges as the vLLM request's steps arrived
     try:
         request = make_request(float(temperature or 0.0), int(seed or 0))
-        for state in engine().stream(request, modes):
+        for state in engine().stream(request, [m for m in modes if m in MODES], remote=others):
             p, results, done = state.latest[shown], state.results, state.done
+            served = state.latest.get(VLLM_MODE)
+            if served is not None and (g := getattr(served, "gauges", None)) is not None:
+                gauges[served.record.step] = g
             length = len(p.upper) if request.task == "duixia" else request.length
             gate = render_gate(p.upper, p.lower, results[shown].hengpi if done else "", year_label=label,
                                opened=done, pending=not done, length=length)
             checks = checks_html(results[shown], notice) if done else checks_html(None, notice or "正在落笔……")
-            table = (modes_table_html(results) if done else modes_table_html({})) + live_line()
+            last = gauges[max(gauges)] if gauges else None
+            table = (modes_table_html(results) if done else modes_table_html({})) + live_line(last)
             payload = [results[m].to_json(with_steps=False) for m in modes] if done else []
-            yield _outputs(gate, checks, state.records, table, payload)
-    except EngineBusy as e:
-        gr.Warning(str(e))
-        yield _outputs(render_gate("", "", "", year_label=label, opened=False, message=str(e)),
+            yield _outputs(gate, checks, state.records, table, payload, gauges)
+    except (EngineBusy, BackendError) as e:
+        gr.Warning(visitor_part(e))
+        yield _outputs(render_gate("", "", "", year_label=label, opened=False, message=visitor_part(e)),
                        checks_html(None, str(e)), {}, modes_table_html({}), [])
     except CoupletInputError as e:
         gr.Warning(visitor_part(e))
@@ -160,8 +202,8 @@ def _stream(make_request, temperature: float, seed: float, year: float, modes: l
 
 
 def ticked(modes: list[str] | None) -> list[str]:
-    """The ticked modes in registry order; none ticked means `full`."""
-    return [m for m in MODES if m in (modes or [])] or ["full"]
+    """The ticked modes in the offered order (the vLLM server's first, then the registry's); none means `full`."""
+    return [m for m in offered_modes() if m in (modes or [])] or ["full"]
 
 
 SKIP6 = (gr.skip(),) * 6  # a step that leaves the six outputs of a couplet stream as they are
@@ -270,6 +312,18 @@ def _endpoint(api: str | None) -> dict[str, Any]:
     return {"api_name": api} if api else {"api_visibility": "private"}
 
 
+def vllm_choice_label() -> str:
+    """The vLLM mode's toggle: its server, its KV dtype (read from the server now), what it offers."""
+    client = remote()
+    assert client is not None
+    try:
+        dtype = f"{client.gauges().dtype_label} KV"
+    except BackendError:
+        dtype = "暂未连上"
+    return (f"{mode_label(VLLM_MODE)}：另一进程的 vLLM（{dtype}，分页 KV + 自动前缀缓存），"
+            f"地址 {BACKEND.vllm_url}；图表为其全引擎合计")
+
+
 def versions() -> dict[str, str]:
     return {name: version(name) for name in ("torch", "transformers", "gradio", "plotly")}
 
@@ -281,10 +335,13 @@ def build_app() -> gr.Blocks:
     load_store()  # the exemplar index (~5 s to build): at start-up, not on the first visitor's request
     engine()  # its worker thread waits for the first visitor
     label = year_label(DEFAULT_YEAR)
-    mode_choices = [(f"{mode_label(m)}：{MODE_INFO[m].summary_zh}"
-                     + ("（本模型不可用）" if lm.family.mode_refusal(m) else ""), m) for m in MODES]
+    mode_choices = [(f"{mode_label(m)}：{MODE_INFO[m].summary_zh}" + ("（本模型不可用）" if lm.family.mode_refusal(m)
+                     else "（仅本进程）" if BACKEND.name == "vllm" else ""), m) for m in MODES]
+    if BACKEND.name == "vllm":
+        mode_choices.insert(0, (vllm_choice_label(), VLLM_MODE))
     with gr.Blocks(title="开门见喜 · 春联生成终端") as demo:
-        notice = f'<p class="model-notice" role="status">{html.escape(_model_notice)}</p>' if _model_notice else ""
+        notices = "；".join(filter(None, [_model_notice, _backend_notice]))
+        notice = f'<p class="model-notice" role="status">{html.escape(notices)}</p>' if notices else ""
         gr.HTML(f'<header id="masthead"><h1>开门见喜 · 春联生成终端</h1>'
                 f'<p class="on-red">{label} · 输入关键词，看小模型写春联，'
                 f"也看 KV 缓存压缩省下多少、又改变了什么</p>{notice}</header>")
@@ -316,7 +373,7 @@ def build_app() -> gr.Blocks:
                         year = gr.Number(DEFAULT_YEAR, precision=0, label=f"年份（{MIN_YEAR}–{MAX_YEAR}）",
                                          elem_id="year")
                 with gr.Accordion("KV 缓存模式", open=True, elem_id="modes-fold"):
-                    modes = gr.CheckboxGroup(mode_choices, value=list(MODES), elem_id="modes",
+                    modes = gr.CheckboxGroup(mode_choices, value=offered_modes(), elem_id="modes",
                                              label="KV 缓存模式（同一关键词、同一种子）", show_label=False)
             with gr.Column(scale=3, min_width=340, elem_id="stage"):
                 gate = gr.HTML(render_gate("", "", "", year_label=label, opened=False), elem_id="gate-box")

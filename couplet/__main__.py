@@ -1,6 +1,7 @@
 """Command line: `python -m couplet 龙马精神 [--length 5|7] [--seed N] [--temperature T] [--top-p P]
 [--acrostic] [--mode NAME ...] [--set MODE.FIELD=VALUE ...] [--json]`, or 对下联:
 `python -m couplet --upper 春风送暖千家福` (a 5- or 7-character 上联; the 下联 and a 横批 are written).
+`--backend vllm [--vllm-url URL]` writes it on a vLLM server instead (mode `vllm`; `--mode` adds in-process ones).
 
 Bad input exits with status 2 and one line on stderr, never a traceback.
 """
@@ -16,6 +17,7 @@ from couplet.events import CoupletResult
 from couplet.hub import ModelUnavailable, add_model_args
 from couplet.kvcache import MODES, PrefixPool, parse_modes
 from couplet.options import parse_settings
+from couplet.serving import BackendError, add_backend_args
 from couplet.text import CoupletInputError
 
 MARK = {True: "✓", False: "✗"}
@@ -30,18 +32,22 @@ class CliConfig:
     temperature: float = 0.0
     top_p: float = 1.0
     acrostic: bool = False
-    modes: list[str] = field(default_factory=lambda: ["full"])
+    modes: list[str] | None = None  # None: full (local), or the server's alone (vllm)
     settings: list[str] = field(default_factory=list)
     json: bool = False
     model: str | None = None
     device: str | None = None
     dtype: str | None = None
     weights: str | None = None
+    backend: str = "local"
+    vllm_url: str = "http://127.0.0.1:8000"
 
 
 def format_text(result: CoupletResult, show_mode: bool) -> str:
     c = result.checks
     kv = f"KV 峰值 {result.peak_bytes / 1024:.1f} KB（完整缓存 {result.full_equivalent_bytes / 1024:.1f} KB）"
+    if result.mode not in MODES:  # a server's gauge: every request it held, not this one's
+        kv = f"服务端 KV 峰值（全引擎合计）{result.peak_bytes / 1024:.1f} KB"
     head = f"【{result.mode}】{kv}\n" if show_mode else ""
     lines = [
         f"横批：{result.hengpi}",
@@ -61,12 +67,22 @@ def main(cfg: CliConfig) -> int:
     from couplet.model import load_model
 
     settings = parse_settings(cfg.settings)
-    parse_modes(cfg.modes, allow_all=False)
+    local = cfg.modes if cfg.modes is not None else ([] if cfg.backend == "vllm" else ["full"])
+    parse_modes(local or ["full"], allow_all=False)
     request = CoupletRequest(cfg.keywords or "", cfg.length, cfg.acrostic, cfg.temperature, cfg.top_p, cfg.seed,
                              upper=cfg.upper or "", task="couplet" if cfg.upper is None else "duixia")
     lm = load_model(cfg.model, cfg.device, cfg.dtype, cfg.weights)
+    results = []
+    if cfg.backend == "vllm":  # the same prepared request, written on the server (`couplet.serving`)
+        from couplet.generate import prepare
+        from couplet.kvcache.layer import KVGeometry
+        from couplet.serving.vllm_client import VllmClient
+        from couplet.serving.vllm_client import generate as remote_generate
+
+        client = VllmClient(cfg.vllm_url, KVGeometry.of(lm.model))
+        results.append(remote_generate(client, lm, prepare(lm, request)))
     pool = PrefixPool()
-    results = [generate(lm, request, m, pool, **settings.get(m, {})) for m in cfg.modes]
+    results += [generate(lm, request, m, pool, **settings.get(m, {})) for m in local]
     if cfg.json:
         payload = [r.to_json() for r in results]
         print(json.dumps(payload[0] if len(payload) == 1 else payload, ensure_ascii=False))
@@ -90,8 +106,8 @@ def parse_args(argv: list[str] | None = None) -> CliConfig:
                    help="a mode's budget, e.g. selective.ratio=0.3 (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object (a list with several --mode)")
     add_model_args(p)
+    add_backend_args(p)
     args = vars(p.parse_args(argv))
-    args["modes"] = args["modes"] or ["full"]
     if args["keywords"] is None and args["upper"] is None:
         p.error("give keywords (e.g. 龙马精神) or --upper 上联")
     if args["keywords"] is not None and args["upper"] is not None:
@@ -102,7 +118,7 @@ def parse_args(argv: list[str] | None = None) -> CliConfig:
 def run(argv: list[str] | None = None) -> int:
     try:
         return main(parse_args(argv))
-    except (CoupletInputError, ValueError, FileNotFoundError, OSError, ModelUnavailable) as e:
+    except (CoupletInputError, ValueError, FileNotFoundError, OSError, ModelUnavailable, BackendError) as e:
         print(f"错误 error: {e}", file=sys.stderr)
         return 2
 

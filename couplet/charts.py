@@ -8,11 +8,15 @@ legend toggles survive the stream of updates.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 
 from couplet.events import StepRecord
 from couplet.kvcache.registry import MODE_INFO
+
+if TYPE_CHECKING:
+    from couplet.serving.vllm_client import EngineGauges
 
 _FALLBACK_COLORS = ("#c2185b", "#00838f", "#6d4c41", "#558b2f")  # modes outside the registry (none today)
 FULL_EQUIVALENT_COLOR = "#9e9e9e"
@@ -110,4 +114,34 @@ def memory_figure(records_by_mode: Mapping[str, Sequence[StepRecord]], labels: M
     )
     fig = _layout(fig, "显存：此处无 GPU", "KV 缓存合计 (KB)")
     fig.update_layout(showlegend=False, margin={"b": 56}, height=340)
+    return fig
+
+
+def engine_figure(steps: Sequence[int], gauges: Sequence[EngineGauges]) -> go.Figure:
+    """A remote engine's own gauges (`couplet.serving.vllm_client.EngineGauges`) as the request's steps arrived:
+    the KV bytes it holds for all its requests, and its running and waiting requests. Engine-wide totals, not
+    this request's: the title says so."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_trace(go.Scatter(
+        x=list(steps), y=[g.kv_bytes / KB for g in gauges], name="引擎 KV 缓存 (KB)", meta="engine-kv",
+        mode="lines+markers", fill="tozeroy", line={"color": "#b22222", "width": 2},
+        fillcolor="rgba(212,175,55,0.25)", hovertemplate="引擎 KV %{y:.1f} KB<extra></extra>"))
+    for name, key, color in (("运行中请求", "running", "#1565c0"), ("排队请求", "waiting", "#6d4c41")):
+        fig.add_trace(go.Scatter(
+            x=list(steps), y=[getattr(g, key) for g in gauges], name=name, meta=f"engine-{key}", mode="lines",
+            line={"color": color, "width": 2, "shape": "hv"}, hovertemplate=f"{name} %{{y}}<extra></extra>"),
+            secondary_y=True)
+    if gauges:
+        g = gauges[-1]
+        hit = g.prefix_hits / g.prefix_queries if g.prefix_queries else 0.0
+        fig.add_annotation(
+            text=(f"KV 类型 {g.dtype_label} · 容量 {g.capacity_bytes / KB:.0f} KB（{g.num_blocks} 块 × "
+                  f"{g.block_size} 词元）<br>前缀缓存累计命中 {hit:.0%} · 抢占 {g.preemptions:.0f} 次"),
+            xref="paper", yref="paper", x=0.02, y=0.98, xanchor="left", yanchor="top", showarrow=False,
+            align="left", font={"size": 12, "color": "#7d1010"}, bgcolor="rgba(255,250,240,0.9)",
+            bordercolor="#d4af37", borderwidth=1, borderpad=6)
+    fig = _layout(fig, "vLLM 引擎仪表（全引擎合计，非单个请求）", "引擎 KV 缓存 (KB)")
+    fig.update_yaxes(title_text="请求数", secondary_y=True, rangemode="tozero", showgrid=False)
     return fig

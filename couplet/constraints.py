@@ -21,16 +21,16 @@ from functools import lru_cache
 import torch
 
 from couplet.lexicon import AUSPICIOUS, DEFAULT_VOICE, SOMBER, TABOO, VoiceConfig
-from couplet.model import LoadedModel
 from couplet.placement import Placement
 from couplet.rules import CLASS_OF, SEMANTIC_CLASSES, rhythm_positions
 from couplet.tones import LEVEL, OBLIQUE, tone_class
+from couplet.vocab import CharVocab
 
 COPY_RUN = 4  # a run of this many characters from a borrowed line is a copy
 
 
 @lru_cache(maxsize=4)
-def _masks(lm: LoadedModel) -> dict[str, torch.Tensor]:
+def _masks(lm: CharVocab) -> dict[str, torch.Tensor]:
     """Boolean (vocab,) masks: Han characters, Han characters of each tone class, taboo characters."""
     size = len(lm.id_to_char)
     han = torch.zeros(size, dtype=torch.bool)
@@ -51,7 +51,7 @@ def _masks(lm: LoadedModel) -> dict[str, torch.Tensor]:
 
 
 @lru_cache(maxsize=16)
-def voice_bias(lm: LoadedModel, voice: VoiceConfig) -> torch.Tensor | None:
+def voice_bias(lm: CharVocab, voice: VoiceConfig) -> torch.Tensor | None:
     """(vocab,) float32 added to the logits, or None when the voice adds nothing."""
     if voice.somber == 0 and voice.auspicious == 0:
         return None
@@ -73,7 +73,7 @@ def copy_runs(borrowed: Iterable[str], run: int = COPY_RUN) -> dict[str, set[str
 class LineConstraints:
     """The allowed-character mask for (line, position), given what has been written so far."""
 
-    def __init__(self, lm: LoadedModel, placement: Placement, length: int, voice: VoiceConfig = DEFAULT_VOICE,
+    def __init__(self, lm: CharVocab, placement: Placement, length: int, voice: VoiceConfig = DEFAULT_VOICE,
                  borrowed: Iterable[str] = (), lower_end: str = LEVEL, echo_from: Iterable[str] = ()):
         self.lm = lm
         self.placement = placement

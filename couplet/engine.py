@@ -30,7 +30,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from couplet.events import CoupletResult
@@ -160,13 +160,18 @@ class Engine:
         return self._house_tokens[house]
 
     def stream(self, request: CoupletRequest, modes: Sequence[str], prompt: PromptConfig = DEFAULT_PROMPT,
-               voice: VoiceConfig = DEFAULT_VOICE) -> Iterator[Round]:
+               voice: VoiceConfig = DEFAULT_VOICE,
+               remote: Mapping[str, Callable[[Prepared], Iterator[Progress]]] | None = None) -> Iterator[Round]:
         """One request under several modes, as `generate.stream_modes` yields it (a Round per step of the
-        slowest mode), served by the engine; closing the iterator cancels what has not finished."""
+        slowest mode), served by the engine; closing the iterator cancels what has not finished. `remote`:
+        more streams of the same prepared request from other backends ({mode: decode(prep)}, `couplet.serving`),
+        advanced in the same lockstep."""
         prep = prepare(self.lm, request, prompt, voice)
         tickets = {m: self.submit(request, m, prep=prep) for m in modes}
+        streams: dict[str, Iterator[Progress]] = {m: iter(t) for m, t in tickets.items()}
+        streams |= {m: make(prep) for m, make in (remote or {}).items()}
         try:
-            yield from lockstep({m: iter(t) for m, t in tickets.items()})
+            yield from lockstep(streams)
         finally:
             for t in tickets.values():
                 t.cancel()

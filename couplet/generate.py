@@ -178,8 +178,8 @@ class Decoding:
         self.lm, self.preps, self.mode, self.follow = lm, list(preps), mode, follow
         self.length = lengths.pop()
         self.session = make_mode(mode, **mode_options).new_session(lm.model, pool=pool)
-        self.constraints = [LineConstraints(lm, p.placement, p.length, p.voice, p.context.borrowed, p.lower_end,
-                                           [line for pair in p.context.exemplars for line in pair])
+        self.constraints = [LineConstraints(lm.chars, p.placement, p.length, p.voice, p.context.borrowed,
+                                           p.lower_end, [line for pair in p.context.exemplars for line in pair])
                             for p in preps]
         self.keyword_positions = [list(p.keyword_positions) for p in preps]
         # an encoder–decoder reads the given 上联 in its encoder: its decoder writes the 下联 only
@@ -284,11 +284,18 @@ class Decoding:
         return out
 
     def _result(self, r: int) -> CoupletResult:
-        prep, (upper, lower) = self.preps[r], self.lines[r]
-        hengpi = choose_hengpi(self.lm, upper, lower)
-        checks = check_couplet(upper, lower, hengpi, prep.keyword_text, given_upper=prep.duixia)
-        return CoupletResult(prep.keyword_text, upper, lower, hengpi, self.mode, checks, list(self.records[r]),
-                             list(prep.notes), exemplars=[list(p) for p in prep.context.exemplars])
+        upper, lower = self.lines[r]
+        return finish(self.lm, self.preps[r], self.mode, upper, lower, self.records[r])
+
+
+def finish(lm: LoadedModel, prep: Prepared, mode: str, upper: str, lower: str,
+           records: Sequence[StepRecord]) -> CoupletResult:
+    """A written couplet → its result: the 横批 chosen for it, the checks, the notes and the exemplars shown.
+    Shared by the local loop and remote backends (`couplet.serving`)."""
+    hengpi = choose_hengpi(lm, upper, lower)
+    checks = check_couplet(upper, lower, hengpi, prep.keyword_text, given_upper=prep.duixia)
+    return CoupletResult(prep.keyword_text, upper, lower, hengpi, mode, checks, list(records), list(prep.notes),
+                         exemplars=[list(p) for p in prep.context.exemplars])
 
 
 def decode(lm: LoadedModel, prep: Prepared, mode: str, pool: PrefixPool | None = None,

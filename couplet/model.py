@@ -26,8 +26,9 @@ from transformers.utils import logging as hf_logging
 
 from couplet.families import Family, UnsupportedFamily, detect
 from couplet.hub import WEIGHTS, ModelUnavailable, resolve
-from couplet.text import is_han, visitor_part
+from couplet.text import visitor_part
 from couplet.tokenizer import FormatIds
+from couplet.vocab import CharVocab
 
 EMBEDDED_MODEL = Path(__file__).resolve().parent.parent / "assets" / "model"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -84,35 +85,21 @@ class LoadedModel:
         return FormatIds.of(self.tokenizer)
 
     @cached_property
+    def chars(self) -> CharVocab:
+        """The character table (`couplet.vocab`): what the decoding rules work with."""
+        return CharVocab.of(self.tokenizer, self.family.byte_level, int(self.model.config.vocab_size))
+
+    @property
     def vocab(self) -> dict[str, int]:
-        """{text: id} of the tokens as text. A character-level vocabulary (this project's, BERT's) is its own
-        text; a byte-level BPE one (GPT-2, Qwen) stores bytes as symbols, so each token is decoded — a Han
-        character that is one token then maps to its id (characters split over several tokens are left
-        out: a couplet is written one token per character)."""
-        raw = self.tokenizer.get_vocab()
-        if not self.family.byte_level:
-            return raw
-        out: dict[str, int] = {}
-        for tok, i in sorted(raw.items(), key=lambda kv: kv[1]):
-            text = self.tokenizer.convert_tokens_to_string([tok])
-            if len(text) == 1 and text not in out:
-                out[text] = i
-        return out
+        return self.chars.vocab
 
-    @cached_property
+    @property
     def id_to_char(self) -> list[str]:
-        """Text of every id the model can emit ("" for ids that are not one character or not in the
-        tokenizer), as long as the logits (a model's embedding may be padded past the tokenizer)."""
-        size = max(int(self.model.config.vocab_size), max(self.tokenizer.get_vocab().values()) + 1)
-        chars = [""] * size
-        for tok, i in self.vocab.items():
-            chars[i] = tok
-        return chars
+        return self.chars.id_to_char
 
-    @cached_property
+    @property
     def han_ids(self) -> torch.Tensor:
-        """Ids of single Han characters: the only tokens a couplet line may contain."""
-        return torch.tensor([i for t, i in self.vocab.items() if len(t) == 1 and is_han(t)], dtype=torch.long)
+        return self.chars.han_ids
 
     def char_ids(self, text: str) -> list[int]:
         """One id per character (unknown ones: the family's unknown token)."""

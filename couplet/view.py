@@ -18,10 +18,16 @@ CHECK_LABELS = {"length": "字数", "tones": "平仄", "keywords": "关键词", 
                 "han_only": "汉字"}
 
 
+# Modes of other backends (`couplet.serving`): their KV figures are the engine's gauges, all requests together
+REMOTE_LABELS = {"vllm": "vLLM 服务端（引擎合计）"}
+
+
 def mode_label(mode: str) -> str:
     """`完整缓存 full` — Chinese label first, the registry name after it."""
     info = MODE_INFO.get(mode)
-    return f"{info.label_zh} {mode}" if info else mode
+    if info is None:
+        return f"{REMOTE_LABELS[mode]} {mode}" if mode in REMOTE_LABELS else mode
+    return f"{info.label_zh} {mode}"
 
 
 def checks_html(result: CoupletResult | None, message: str = "") -> str:
@@ -74,7 +80,11 @@ def modes_table_html(results: Mapping[str, CoupletResult]) -> str:
     rows = []
     for mode, r in results.items():
         base = full.peak_bytes if full else r.full_equivalent_bytes
-        ratio = r.peak_bytes / base if base else 0.0
+        ratio = f"{r.peak_bytes / base:.2f}×" if base else "—"
+        # a remote engine's KV figure is its gauge over every request it holds: not comparable per request
+        kv = f"引擎合计 {r.peak_bytes / 1024:.1f} KB" if mode in REMOTE_LABELS else f"{r.peak_bytes / 1024:.1f} KB"
+        if mode in REMOTE_LABELS:
+            ratio = "—"
         same = full is not None and (r.upper, r.lower) == (full.upper, full.lower)
         ident = "—" if full is None or mode == "full" else ("✓ 相同" if same else "✗ 不同")
         couplet = (highlight_diff(r.upper, full.upper) + " / " + highlight_diff(r.lower, full.lower)) if full else \
@@ -82,7 +92,7 @@ def modes_table_html(results: Mapping[str, CoupletResult]) -> str:
         secs = r.seconds
         rows.append(
             f'<tr data-mode="{escape(mode)}"><td><span class="swatch" style="background:{mode_color(mode)}"></span>'
-            f"{escape(mode_label(mode))}</td><td>{r.peak_bytes / 1024:.1f} KB</td><td>{ratio:.2f}×</td>"
+            f"{escape(mode_label(mode))}</td><td>{kv}</td><td>{ratio}</td>"
             f"<td>{secs * 1000:.0f} ms</td><td>{ident}</td><td class=\"couplet-cell\">{couplet}</td></tr>"
         )
     head = ("<tr><th>模式</th><th>KV 峰值</th><th>相对完整缓存</th><th>用时</th><th>与完整缓存一致</th>"

@@ -78,20 +78,20 @@ def test_prompt_is_long_shared_and_fits_the_model(embedded_lm):
 def test_copy_runs_ban_the_fourth_character_of_a_borrowed_run(embedded_lm):
     runs = copy_runs(["春风送暖入屠苏"])
     assert runs["春风送"] == {"暖"} and runs["暖入屠"] == {"苏"}
-    c = LineConstraints(embedded_lm, Placement({}, {}), 7, borrowed=["春风送暖入屠苏"])
+    c = LineConstraints(embedded_lm.chars, Placement({}, {}), 7, borrowed=["春风送暖入屠苏"])
     allowed = c.allowed(0, COPY_RUN - 1, ["春风送", ""])
     assert not allowed[embedded_lm.vocab["暖"]] and allowed[embedded_lm.vocab["花"]]
     taboo = [embedded_lm.vocab[ch] for ch in TABOO if ch in embedded_lm.vocab]
     assert not c.allowed(0, 2, ["春风", ""])[taboo].any()
-    assert LineConstraints(embedded_lm, Placement({}, {}), 7, VoiceConfig(ban_taboo=False)).allowed(
+    assert LineConstraints(embedded_lm.chars, Placement({}, {}), 7, VoiceConfig(ban_taboo=False)).allowed(
         0, 2, ["春风", ""])[taboo].any()
 
 
 def test_pair_bias_favours_the_upper_lines_class_and_the_contrasting_tone(embedded_lm):
     vocab = embedded_lm.vocab
-    plain = LineConstraints(embedded_lm, Placement({}, {}), 7, VoiceConfig(somber=0, auspicious=0, pair_class=0))
-    paired = LineConstraints(embedded_lm, Placement({}, {}), 7, VoiceConfig(somber=0, auspicious=0, pair_class=1.5,
-                                                                            pair_tone=0.5))
+    plain = LineConstraints(embedded_lm.chars, Placement({}, {}), 7, VoiceConfig(somber=0, auspicious=0, pair_class=0))
+    paired = LineConstraints(embedded_lm.chars, Placement({}, {}), 7,
+                             VoiceConfig(somber=0, auspicious=0, pair_class=1.5, pair_tone=0.5))
     assert plain.bias_at(1, 0, ["青山横北郭白水", ""]) is None
     lines = ["青山横北郭白水", "绿"]  # position 1 of the 下联 mirrors 山 (山水 class, level tone)
     bias = paired.bias_at(1, 1, lines)
@@ -106,7 +106,7 @@ def test_pair_bias_favours_the_upper_lines_class_and_the_contrasting_tone(embedd
 
 def test_echo_favours_the_requests_own_exemplars_but_not_its_keywords(embedded_lm):
     vocab = embedded_lm.vocab
-    c = LineConstraints(embedded_lm, Placement({0: "春"}, {}), 7, VoiceConfig(somber=0, auspicious=0, echo=1.0),
+    c = LineConstraints(embedded_lm.chars, Placement({0: "春"}, {}), 7, VoiceConfig(somber=0, auspicious=0, echo=1.0),
                         echo_from=["春江花月夜", "秋水共长天"])
     bias = c.bias_at(0, 1, ["春", ""])
     assert bias[vocab["江"]] == bias[vocab["天"]] == 1.0

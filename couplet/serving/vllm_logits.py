@@ -1,0 +1,55 @@
+"""The couplet rules inside a vLLM server: a logits processor loaded with
+`--logits-processors couplet.serving.vllm_logits:CoupletLogitsProcessor` (scripts/vllm_serve.sh passes it, with
+this repository on PYTHONPATH). A request that carries `vllm_xargs={"couplet": RowSpec JSON}` is decoded under
+the rules (`couplet.serving.rules.RowRules`); any other request passes untouched.
+
+This is vLLM's V1-model-runner interface (`vllm.v1.sample.logits_processor`), the one its CPU build runs. vLLM's
+docs say its V2 model runner on GPU takes a different logits-processor interface: on a GPU start the server with
+`VLLM_USE_V2_MODEL_RUNNER=0` (scripts/vllm_serve.sh does), and note that this path is untested on a GPU here.
+
+Why a processor and not `allowed_token_ids`: the allowed set changes with every character written (no repeats,
+no copied run, the end tone, the 下联 against the 上联), and `allowed_token_ids` is fixed per request — the
+client would have to send one request per character, each re-reading the prompt.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import AutoTokenizer
+from vllm.v1.sample.logits_processor import AdapterLogitsProcessor  # type: ignore[import-not-found]
+
+from couplet.serving.rules import SPEC_KEY, RowRules, RowSpec
+from couplet.vocab import CharVocab
+
+
+class CoupletLogitsProcessor(AdapterLogitsProcessor):  # type: ignore[misc]
+    def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
+        super().__init__(vllm_config, device, is_pin_memory)
+        model_config = vllm_config.model_config
+        self._tokenizer_path = model_config.tokenizer
+        self._size = int(model_config.get_vocab_size())
+        self._tables: dict[bool, CharVocab] = {}
+
+    def _chars(self, byte_level: bool) -> CharVocab:
+        if byte_level not in self._tables:  # once per server (the tokenizer is read once, on the first request)
+            tokenizer = AutoTokenizer.from_pretrained(self._tokenizer_path)
+            self._tables[byte_level] = CharVocab.of(tokenizer, byte_level, self._size)
+        return self._tables[byte_level]
+
+    @classmethod
+    def validate_params(cls, sampling_params: Any) -> None:
+        raw = (sampling_params.extra_args or {}).get(SPEC_KEY)
+        if raw is not None:
+            RowSpec.from_json(str(raw))  # ValueError → HTTP 400 with the reason
+
+    def is_argmax_invariant(self) -> bool:
+        return False  # it masks and biases: greedy picks change
+
+    def new_req_logits_processor(self, params: Any) -> RowRules | None:
+        raw = (params.extra_args or {}).get(SPEC_KEY)
+        if raw is None:
+            return None
+        spec = RowSpec.from_json(str(raw))
+        return RowRules(self._chars(spec.byte_level), spec)

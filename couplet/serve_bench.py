@@ -4,6 +4,8 @@ a time, at the same KV budget; what compression buys in concurrency and throughp
     python -m couplet.bench serve --visitors 1000                  # burst, every mode, default budget
     python -m couplet.bench serve --visitors 200 --rate 20 --modes full,combo --json out.json --plot out.html
     python -m couplet.bench serve --budgets 4,8,16 --visitors 200   # a sweep over budgets (MB)
+    python -m couplet.bench serve --backend vllm --budgets 4 --visitors 200   # vLLM bf16/fp8 beside
+                                                     # full, int8, int4, combo at the same bytes (couplet.serving.bench)
 
 Workload: `--visitors` requests whose keyword phrases follow a Zipf law (s = `--zipf`, 1.1) over the dev
 list, the 横批 phrases and their halves (`phrases()`): many type the popular ones, few the rare ones.
@@ -39,6 +41,7 @@ from couplet.hub import add_model_args
 from couplet.kvcache import MODES, make_mode, parse_modes
 from couplet.model import LoadedModel, load_model
 from couplet.phrases import HENGPI_PHRASES
+from couplet.serving import add_backend_args
 
 DEV_KEYWORDS = Path(__file__).resolve().parent.parent / "assets" / "dev_keywords.txt"
 
@@ -60,6 +63,9 @@ class ServeConfig:
     threads: int | None = None
     json: str | None = None
     plot: str | None = None
+    backend: str = "local"  # vllm: vLLM servers too (`couplet.serving.bench`)
+    vllm_url: str | None = None  # vllm: this server as it runs (else one per KV dtype is started per budget)
+    vllm_bench: bool = True  # vllm: also vLLM's own `bench serve` on the same prompts
 
     def __post_init__(self) -> None:
         if self.visitors < 1 or self.rate < 0 or self.zipf <= 0:
@@ -192,6 +198,8 @@ def main(cfg: ServeConfig) -> dict:
     typed, arrivals = workload(cfg)
     preps = {p: prepare(lm, CoupletRequest(p)) for p in set(typed)}  # once: every mode sends the same prompts
     budgets = cfg.budgets or [default_budget(lm, cfg)]
+    if cfg.backend == "vllm" and cfg.modes == list(MODES):  # the comparison set unless --modes says
+        cfg.modes = ["full", "int8", "int4", "combo"]
     modes = ["full", *(m for m in cfg.modes if m != "full")]  # full first: the reference of every ratio
     out: dict = {"device": lm.device, "dtype": str(next(lm.model.parameters()).dtype).removeprefix("torch."),
                  "model": lm.source, "config": {k: v for k, v in asdict(cfg).items() if k not in ("json", "plot")},
@@ -209,12 +217,24 @@ def main(cfg: ServeConfig) -> dict:
             rows[mode] = row
             shown = {k: v if v is None else round(v, 3) for k, v in row.items()}
             print(f"budget {budget} MB, {mode}: {json.dumps(shown)}", file=sys.stderr, flush=True)
+        if cfg.backend == "vllm":
+            from couplet.serving.bench import run_backend
+
+            for name, row in run_backend(lm, cfg, budget, typed, arrivals, preps).items():
+                if "unmeasured" not in row:
+                    couplets = row.pop("couplets")
+                    row["budget_mb"] = budget
+                    row["identical_rate"] = statistics.fmean(couplets[p] == reference[p] for p in couplets)
+                    row["throughput_ratio"] = row["throughput_tok_s"] / rows["full"]["throughput_tok_s"]
+                    print(f"budget {budget} MB, {name}: {json.dumps(row, default=str)}", file=sys.stderr, flush=True)
+                rows[name] = row
         out["runs"].append({"budget_mb": budget, "modes": rows})
     out["modes"] = out["runs"][0]["modes"]
-    out["engine_overhead"] = engine_overhead(lm)
+    out["engine_overhead"] = engine_overhead(lm) if cfg.backend == "local" else None
     print(markdown(out))
-    print(f"\nengine overhead, batch 1: {out['engine_overhead']['engine_over_direct_p50']:.2f}x a direct call "
-          f"(median of {out['engine_overhead']['pairs']} paired runs)")
+    if out["engine_overhead"]:
+        print(f"\nengine overhead, batch 1: {out['engine_overhead']['engine_over_direct_p50']:.2f}x a direct call "
+              f"(median of {out['engine_overhead']['pairs']} paired runs)")
     if cfg.json:
         Path(cfg.json).write_text(json.dumps(out, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
     if cfg.plot:
@@ -228,16 +248,32 @@ def markdown(out: dict) -> str:
         lines += [f"\n### budget {run['budget_mb']} MB, {out['config']['visitors']} visitors, {out['device']}, "
                   f"{out['dtype']}\n",
                   "| mode | tok/s | vs full | concurrency mean / peak | KV / request | resident peak | prefix hits |"
-                  " prefill computed | TTFT p50 / p99 ms | TPOT p50 ms | E2E p99 ms | identical |",
+                  " prefill computed | TTFT p50 / p99 ms | TPOT p50 / p99 ms | E2E p99 ms | identical |",
                   "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        own = []
         for mode, r in run["modes"].items():
+            if "unmeasured" in r:
+                lines.append(f"| `{mode}` | not measured: {r['unmeasured']} |" + " |" * 10)
+                continue
+            if r.get("vllm_bench_serve"):
+                own.append((mode, r["vllm_bench_serve"]))
             lines.append(
                 f"| `{mode}` | {r['throughput_tok_s']:.0f} | {r['throughput_ratio']:.2f}× | "
                 f"{r['admitted_concurrency']:.1f} / {r['admitted_concurrency_peak']} | "
                 f"{r['kv_per_request_bytes'] / 1024:.0f} KB | {r['resident_kv_peak_bytes'] / MB:.1f} MB | "
                 f"{r['prefix_hit_rate']:.0%} | {r['prefill_tokens_ratio']:.0%} | "
-                f"{r['ttft_p50_ms']:.0f} / {r['ttft_p99_ms']:.0f} | {r['tpot_p50_ms']:.1f} | {r['e2e_p99_ms']:.0f} | "
-                f"{r['identical_rate']:.0%} |")
+                f"{r['ttft_p50_ms']:.0f} / {r['ttft_p99_ms']:.0f} | {r['tpot_p50_ms']:.1f} / {r['tpot_p99_ms']:.1f} | "
+                f"{r['e2e_p99_ms']:.0f} | {r['identical_rate']:.0%} |")
+        if own:
+            lines += ["\nvLLM's own `bench serve` on the same prompts (rules off, same output length):\n",
+                      "| server | req/s | output tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms |",
+                      "| --- | ---: | ---: | ---: | ---: |"]
+            for mode, b in own:
+                lines.append(f"| `{mode}` | not run: {b['error']} |  |  |  |" if "error" in b else
+                             f"| `{mode}` | {b.get('request_throughput', 0):.1f} | "
+                             f"{b.get('output_throughput', 0):.0f} | "
+                             f"{b.get('p50_ttft_ms', 0):.0f} / {b.get('p99_ttft_ms', 0):.0f} | "
+                             f"{b.get('p50_tpot_ms', 0):.1f} / {b.get('p99_tpot_ms', 0):.1f} |")
     return "\n".join(lines)
 
 
@@ -277,10 +313,15 @@ def parse_args(argv: list[str]) -> ServeConfig:
     p.add_argument("--max-batch", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     add_model_args(p)
+    add_backend_args(p)
+    p.add_argument("--vllm-bench", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --backend vllm: also run vLLM's own bench serve on the same prompts")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", default=None)
     p.add_argument("--plot", default=None, help="HTML (and PNG where kaleido is installed)")
     args = vars(p.parse_args(argv))
+    if args["backend"] == "local" or not any(a.startswith("--vllm-url") for a in argv):
+        args["vllm_url"] = None  # the benchmark starts its servers per budget unless told of one
     try:
         args["modes"] = parse_modes(args["modes"])
     except ValueError as e:

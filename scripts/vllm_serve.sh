@@ -88,6 +88,12 @@ if [ "$SETUP_ONLY" = 1 ]; then
   exit 0
 fi
 
+if [[ "$KV_DTYPE" == fp8* ]] && ! "$VENV/bin/python" -c "import sys, torch; sys.exit(not (torch.cuda.is_available()
+    or torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()))" 2>/dev/null; then
+  echo "vllm_serve.sh: --kv-dtype $KV_DTYPE needs a GPU, or a CPU with AVX-512 or AMX (vLLM's CPU FP8 KV cache); this machine has neither" >&2
+  exit 2
+fi
+
 # --- the server --------------------------------------------------------------------------------------
 # --block-size 32 on CPU: the default 128 rounds a small KV budget down to half the blocks.
 # --enforce-eager: no graph capture (CPU; and the model is tiny).

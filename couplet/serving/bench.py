@@ -155,16 +155,14 @@ def vllm_bench_serve(url: str, lm: LoadedModel, typed: list[str], preps: dict[st
             prompt_for(lm, preps[p]))), "output_tokens": spec_for(preps[p], lm.family).new_tokens},
             ensure_ascii=False) + "\n" for p in typed), encoding="utf-8")
         out = Path(tmp) / "result.json"
-        code = ("import sys; from vllm.benchmarks.serve import add_cli_args, main; "
-                "from vllm.utils.argparse_utils import FlexibleArgumentParser; p = FlexibleArgumentParser(); "
-                "add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
         args = ["--base-url", url, "--model", "couplet", "--served-model-name", "couplet", "--tokenizer",
                 str(lm.source), "--dataset-name", "custom", "--dataset-path", str(data), "--num-prompts",
-                str(len(typed)), "--skip-chat-template", "--disable-shuffle", "--ignore-eos",
+                str(len(typed)), "--custom-output-len", "-1",  # -1: each prompt's own output_tokens
+                "--skip-chat-template", "--disable-shuffle", "--ignore-eos",
                 "--request-rate", "inf", "--percentile-metrics", "ttft,tpot,e2el", "--metric-percentiles", "50,99",
                 "--save-result", "--result-dir", tmp, "--result-filename", out.name]
-        done = subprocess.run([str(VENV / "bin" / "python"), "-c", code, *args], cwd=ROOT, capture_output=True,
-                              text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        done = subprocess.run([str(VENV / "bin" / "python"), "-m", "couplet.serving.vllm_bench_runner", *args],
+                              cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
         if done.returncode != 0 or not out.exists():
             return {"error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
         result = json.loads(out.read_text(encoding="utf-8"))

@@ -66,6 +66,7 @@ class ServeConfig:
     backend: str = "local"  # vllm: vLLM servers too (`couplet.serving.bench`)
     vllm_url: str | None = None  # vllm: this server as it runs (else one per KV dtype is started per budget)
     vllm_bench: bool = True  # vllm: also vLLM's own `bench serve` on the same prompts
+    vllm_kv: list[str] = field(default_factory=lambda: ["bf16", "fp8"])  # vllm: one server per KV dtype
 
     def __post_init__(self) -> None:
         if self.visitors < 1 or self.rate < 0 or self.zipf <= 0:
@@ -314,12 +315,16 @@ def parse_args(argv: list[str]) -> ServeConfig:
     p.add_argument("--seed", type=int, default=0)
     add_model_args(p)
     add_backend_args(p)
+    p.add_argument("--vllm-kv", type=lambda t: t.split(","), default=["bf16", "fp8"],
+                   help="with --backend vllm: servers' KV dtypes, comma-separated among bf16, fp8, f32")
     p.add_argument("--vllm-bench", action=argparse.BooleanOptionalAction, default=True,
                    help="with --backend vllm: also run vLLM's own bench serve on the same prompts")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", default=None)
     p.add_argument("--plot", default=None, help="HTML (and PNG where kaleido is installed)")
     args = vars(p.parse_args(argv))
+    if unknown := [k for k in args["vllm_kv"] if k not in ("bf16", "fp8", "f32")]:
+        p.error(f"--vllm-kv: unknown {', '.join(unknown)}; choose among bf16, fp8, f32")
     if args["backend"] == "local" or not any(a.startswith("--vllm-url") for a in argv):
         args["vllm_url"] = None  # the benchmark starts its servers per budget unless told of one
     try:

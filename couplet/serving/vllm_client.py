@@ -48,6 +48,7 @@ class EngineGauges:
     num_blocks: int  # KV blocks the budget holds (cache_config_info num_gpu_blocks; CPU blocks on a CPU build)
     block_size: int  # tokens per block
     cache_dtype: str  # "auto" (the model's dtype), "fp8", …
+    element_bytes: int  # one key or value element in the cache (fp8: 1, bf16: 2, f32: 4)
     token_bytes: int  # one token's keys and values, all layers, in the cache dtype
     running: int
     waiting: int
@@ -66,14 +67,27 @@ class EngineGauges:
 
     @property
     def dtype_label(self) -> str:
-        return "bf16" if self.cache_dtype == "auto" else self.cache_dtype
+        """The cache's element type: fp8…, or (`auto`: the model's dtype) bf16/f16 or f32 by its bytes."""
+        if self.cache_dtype != "auto":
+            return self.cache_dtype
+        return {2: "bf16", 4: "f32"}.get(self.element_bytes, "auto")
 
 
-def cache_dtype_bytes(cache_dtype: str, model_dtype_bytes: int = 2) -> int:
-    """Bytes per element of the KV cache: fp8 variants 1, `auto` the model's dtype (bf16 from vllm_serve.sh)."""
+def element_bytes(cache_dtype: str, info: dict[str, str], geometry: KVGeometry) -> int:
+    """Bytes per KV element. fp8 variants: 1. `auto` is the model's dtype, which /metrics does not name: it is
+    read off the budget the server reports (kv_cache_memory_bytes over blocks × block size × elements per
+    token: 2.0 for bf16, 4.0 for float32), or taken as bf16 (scripts/vllm_serve.sh's default) without one."""
     if cache_dtype.startswith("fp8"):
         return 1
-    return {"auto": model_dtype_bytes, "bfloat16": 2, "float16": 2, "half": 2, "float32": 4}.get(cache_dtype, 2)
+    named = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4}
+    if cache_dtype in named:
+        return named[cache_dtype]
+    try:
+        per_element = int(info["kv_cache_memory_bytes"]) / (
+            int(info["num_gpu_blocks"]) * int(info["block_size"]) * geometry.token_bytes // geometry.dtype_bytes)
+    except (KeyError, ValueError, ZeroDivisionError):
+        return 2
+    return 4 if per_element >= 3 else 2
 
 
 WANTED = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting",
@@ -99,10 +113,11 @@ def parse_metrics(text: str, geometry: KVGeometry, at: float | None = None) -> E
     if missing:
         raise ValueError(f"metrics without {', '.join(missing)}")
     cache_dtype = info.get("cache_dtype", "auto")
+    element = element_bytes(cache_dtype, info, geometry)
     return EngineGauges(
         time.perf_counter() if at is None else at, values["vllm:kv_cache_usage_perc"],
-        int(info.get("num_gpu_blocks", 0)), int(info.get("block_size", 0)), cache_dtype,
-        replace(geometry, dtype_bytes=cache_dtype_bytes(cache_dtype)).token_bytes,
+        int(info.get("num_gpu_blocks", 0)), int(info.get("block_size", 0)), cache_dtype, element,
+        replace(geometry, dtype_bytes=element).token_bytes,
         int(values["vllm:num_requests_running"]), int(values["vllm:num_requests_waiting"]),
         values.get("vllm:prefix_cache_queries_total", 0.0), values.get("vllm:prefix_cache_hits_total", 0.0),
         values.get("vllm:num_preemptions_total", 0.0))
@@ -140,7 +155,7 @@ class VllmClient:
                       seed: int) -> Iterator[list[int]]:
         """The generated token ids, a chunk at a time, for one prompt under the couplet rules."""
         body = {"model": SERVED_MODEL, "prompt": prompt, "max_tokens": spec.new_tokens, "temperature": temperature,
-                "top_p": top_p, "seed": seed, "stream": True, "return_token_ids": True,
+                "top_p": top_p, "seed": seed, "stream": True, "return_token_ids": True, "ignore_eos": True,
                 "vllm_xargs": {SPEC_KEY: spec.to_json()}}
         got = 0
         try:

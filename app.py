@@ -406,7 +406,8 @@ def build_app() -> gr.Blocks:
             gr.HTML(peak_panel_html(load_peak_bench()))
         with gr.Accordion("关于：KV 缓存与各模式", open=False, elem_id="about"):
             gr.Markdown(about_markdown(os.path.basename(lm.source.rstrip("/")) or lm.source, lm.parameters,
-                                       lm.device, str(lm.dtype).removeprefix("torch."), versions()))
+                                       lm.device, str(lm.dtype).removeprefix("torch."), versions(),
+                                       BACKEND.vllm_url if BACKEND.name == "vllm" else ""))
         inputs = [keywords, length, acrostic, temperature, seed, year, modes]
         outputs = [gate, checks, kv_plot, mem_plot, table, payload]
         # one concurrency group: the button and Enter share the CONCURRENCY slots (separate limits would add up);

@@ -100,8 +100,10 @@ def modes_table_html(results: Mapping[str, CoupletResult]) -> str:
     return f'<div id="modes-table"><table class="modes">{head}{"".join(rows)}</table></div>'
 
 
-def about_markdown(model_name: str, parameters: int, device: str, dtype: str, versions: Mapping[str, str]) -> str:
-    """The 'about' panel: what the KV cache is, what each mode does, and what is running."""
+def about_markdown(model_name: str, parameters: int, device: str, dtype: str, versions: Mapping[str, str],
+                   vllm_url: str = "") -> str:
+    """The 'about' panel: what the KV cache is, what each mode does, what is running, and (with the vLLM
+    backend) what the server offers and what only this process does."""
     modes = "\n".join(f"- **{escape(info.label_zh)}** `{name}`：{escape(info.summary_zh)}"
                       for name, info in MODE_INFO.items())
     vers = "，".join(f"{k} {v}" for k, v in versions.items())
@@ -116,12 +118,25 @@ def about_markdown(model_name: str, parameters: int, device: str, dtype: str, ve
 
 图表中每种模式的曲线随解码一步步增长；表格给出峰值、相对完整缓存的比例，以及写出的春联与完整缓存是否一致（不同的字以红底标出）。
 所有模式使用同一关键词、同一随机种子。
-
+{_vllm_about(vllm_url)}
 ### 运行环境
 
 - 模型：`{escape(model_name)}`（{parameters / 1e6:.1f}M 参数，{escape(dtype)}）
 - 设备：{escape(device)}；Python {platform.python_version()}
 - 版本：{escape(vers)}
+"""
+
+
+def _vllm_about(url: str) -> str:
+    if not url:
+        return ""
+    return f"""
+### 另一进程：vLLM 服务端
+
+本页还连着一台 vLLM 服务（`{escape(url)}`），用同一份提示、同样的格律规则（在服务端逐字施加）写春联。
+它的 KV 缓存分页存放，相同的开头（门面春联与参考古联）自动跨访客共用；KV 精度（bf16、fp8 或 f32）由服务启动时决定。
+滑动窗口、选择性保留、SnapKV、INT8/INT4 与组合模式只在本进程中实现，vLLM 中没有对应模式。
+图表与表格中 vLLM 的 KV 数字读自它自己的监控指标，是**整个引擎**此刻为所有请求持有的合计，不是单个请求的。
 """
 
 

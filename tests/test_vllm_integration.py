@@ -126,6 +126,8 @@ def test_the_page_runs_with_the_vllm_backend(bf16_url):
                 pass
             assert page.poll() is None, page.stderr.read() if page.stderr else "app.py exited"
             time.sleep(0.5)
+        config = httpx.get(f"{url}config", timeout=10).text  # the page's layout: the toggles and the about panel
+        assert "仅本进程" in config and "另一进程：vLLM 服务端" in config
         client = Client(url, verbose=False)
         gate, checks, kv_plot, mem_plot, table, payload = client.predict(
             "国泰民安", 7, False, 0, 0, 2026, ["vllm", "full"], api_name="/couplet")

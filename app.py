@@ -14,7 +14,6 @@ from __future__ import annotations
 import html
 import json
 import os
-import socket
 import threading
 from collections.abc import Iterator
 from importlib.metadata import version
@@ -34,7 +33,7 @@ from couplet.kvcache import MODE_INFO, MODES
 from couplet.kvcache.layer import KVGeometry
 from couplet.model import LoadedModel, load_model_or_embedded
 from couplet.printing import PAPERS_MM, PrintConfig, font_ttf, print_set
-from couplet.serving import BackendConfig, BackendError
+from couplet.serving import BackendConfig, BackendError, free_port
 from couplet.serving.vllm_client import VLLM_MODE, EngineGauges, VllmClient
 from couplet.serving.vllm_client import decode as remote_decode
 from couplet.share import ShareLink, parse_query, share_url
@@ -91,14 +90,19 @@ def engine() -> Engine:
 def remote() -> VllmClient | None:
     """The vLLM server's client when `COUPLET_BACKEND=vllm` (it serves the same checkpoint as `model()`)."""
     global _client
-    if BACKEND.name == "vllm" and _client is None:
+    if serves_remotely() and _client is None:
         _client = VllmClient(BACKEND.vllm_url, KVGeometry.of(model().model))
     return _client
 
 
+def serves_remotely() -> bool:
+    """The vLLM backend is on, and the model is one it serves (decoder-only: vLLM has no T5 path here)."""
+    return BACKEND.name == "vllm" and not model().family.encoder_decoder
+
+
 def offered_modes() -> list[str]:
     """The modes the page offers: the vLLM server's (with that backend), then every in-process mode."""
-    return ([VLLM_MODE] if BACKEND.name == "vllm" else []) + list(MODES)
+    return ([VLLM_MODE] if serves_remotely() else []) + list(MODES)
 
 
 PEAK_BENCH = ASSETS_DIR / "bench" / "serve.json"  # `python -m couplet.bench serve --json` output, committed
@@ -164,28 +168,47 @@ def _stream(make_request, temperature: float, seed: float, year: float, modes: l
         notice = "；".join(filter(None, [notice, f"年份须在 {MIN_YEAR}–{MAX_YEAR} 之间，已改用 {DEFAULT_YEAR} 年。"]))
         gr.Warning(notice)
     modes = ticked(modes)
-    refusals = {m: why for m in modes if (why := model().family.mode_refusal(m))}  # what this family cannot run
+    # what this family cannot run in-process
+    refusals = {m: why for m in modes if m in MODES and (why := model().family.mode_refusal(m))}
     if refusals:
         modes = [m for m in modes if m not in refusals] or ["full"]
         notice = "；".join(filter(None, [notice, *refusals.values()]))
-    shown = "full" if "full" in modes else modes[0]
+    local = [m for m in modes if m in MODES]
     client = remote()
-    others = {VLLM_MODE: lambda prep: remote_decode(client, model(), prep)} if client and VLLM_MODE in modes else {}
+    failed: list[str] = []  # the vLLM stream's failure, when in-process modes carry on without it
+
+    def served(prep):
+        """The vLLM stream; when it fails beside in-process modes, it ends with a notice and they go on (alone,
+        its failure is the request's, shown below)."""
+        assert client is not None
+        try:
+            yield from remote_decode(client, model(), prep)
+        except BackendError as e:
+            if not local:
+                raise
+            failed.append(visitor_part(e))
+
+    others = {VLLM_MODE: served} if client and VLLM_MODE in modes else {}
     gauges: dict[int, EngineGauges] = {}  # the server's gauges as the vLLM request's steps arrived
     try:
         request = make_request(float(temperature or 0.0), int(seed or 0))
-        for state in engine().stream(request, [m for m in modes if m in MODES], remote=others):
-            p, results, done = state.latest[shown], state.results, state.done
-            served = state.latest.get(VLLM_MODE)
-            if served is not None and (g := getattr(served, "gauges", None)) is not None:
-                gauges[served.record.step] = g
+        for state in engine().stream(request, local, remote=others):
+            live = [m for m in modes if m in local or (m in others and not failed)]
+            shown = "full" if "full" in live else live[0]
+            results = state.results
+            done = all(m in results for m in live)
+            p = state.latest[shown]
+            if (progress := state.latest.get(VLLM_MODE)) is not None and (g := getattr(progress, "gauges", None)):
+                gauges[progress.record.step] = g
+            said = "；".join(filter(None, [notice, *failed]))
             length = len(p.upper) if request.task == "duixia" else request.length
             gate = render_gate(p.upper, p.lower, results[shown].hengpi if done else "", year_label=label,
                                opened=done, pending=not done, length=length)
-            checks = checks_html(results[shown], notice) if done else checks_html(None, notice or "正在落笔……")
+            checks = checks_html(results[shown], said) if done else checks_html(None, said or "正在落笔……")
             last = gauges[max(gauges)] if gauges else None
-            table = (modes_table_html(results) if done else modes_table_html({})) + live_line(last)
-            payload = [results[m].to_json(with_steps=False) for m in modes] if done else []
+            shown_results = {m: r for m, r in results.items() if m in live}
+            table = (modes_table_html(shown_results) if done else modes_table_html({})) + live_line(last)
+            payload = [results[m].to_json(with_steps=False) for m in live] if done else []
             yield _outputs(gate, checks, state.records, table, payload, gauges)
     except (EngineBusy, BackendError) as e:
         gr.Warning(visitor_part(e))
@@ -336,11 +359,13 @@ def build_app() -> gr.Blocks:
     engine()  # its worker thread waits for the first visitor
     label = year_label(DEFAULT_YEAR)
     mode_choices = [(f"{mode_label(m)}：{MODE_INFO[m].summary_zh}" + ("（本模型不可用）" if lm.family.mode_refusal(m)
-                     else "（仅本进程）" if BACKEND.name == "vllm" else ""), m) for m in MODES]
-    if BACKEND.name == "vllm":
+                     else "（仅本进程）" if serves_remotely() else ""), m) for m in MODES]
+    if serves_remotely():
         mode_choices.insert(0, (vllm_choice_label(), VLLM_MODE))
     with gr.Blocks(title="开门见喜 · 春联生成终端") as demo:
-        notices = "；".join(filter(None, [_model_notice, _backend_notice]))
+        unserved = BACKEND.name == "vllm" and not serves_remotely()
+        unserved_note = "vLLM 后端只接仅解码器模型；此模型在本进程中运行。" if unserved else ""
+        notices = "；".join(filter(None, [_model_notice, _backend_notice, unserved_note]))
         notice = f'<p class="model-notice" role="status">{html.escape(notices)}</p>' if notices else ""
         gr.HTML(f'<header id="masthead"><h1>开门见喜 · 春联生成终端</h1>'
                 f'<p class="on-red">{label} · 输入关键词，看小模型写春联，'
@@ -407,7 +432,7 @@ def build_app() -> gr.Blocks:
         with gr.Accordion("关于：KV 缓存与各模式", open=False, elem_id="about"):
             gr.Markdown(about_markdown(os.path.basename(lm.source.rstrip("/")) or lm.source, lm.parameters,
                                        lm.device, str(lm.dtype).removeprefix("torch."), versions(),
-                                       BACKEND.vllm_url if BACKEND.name == "vllm" else ""))
+                                       BACKEND.vllm_url if serves_remotely() else ""))
         inputs = [keywords, length, acrostic, temperature, seed, year, modes]
         outputs = [gate, checks, kv_plot, mem_plot, table, payload]
         # one concurrency group: the button and Enter share the CONCURRENCY slots (separate limits would add up);
@@ -444,9 +469,7 @@ def serve(host: str = "127.0.0.1", port: int | None = None, block: bool = False)
     """Build, queue and launch the page as `python app.py` does; `port=0` picks a free local port (tests,
     benchmarks), `block=False` returns at once with the server running (`demo.local_url`, `demo.close()`)."""
     if port == 0:
-        with socket.socket() as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
+        port = free_port(host)
     demo = build_app()
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=CONCURRENCY)
     demo.launch(server_name=host, server_port=port, prevent_thread_lock=not block, quiet=not block,

@@ -17,7 +17,7 @@ from couplet.events import CoupletResult
 from couplet.hub import ModelUnavailable, add_model_args
 from couplet.kvcache import MODES, PrefixPool, parse_modes
 from couplet.options import parse_settings
-from couplet.serving import BackendError, add_backend_args
+from couplet.serving import DEFAULT_VLLM_URL, BackendConfig, BackendError, add_backend_args
 from couplet.text import CoupletInputError
 
 MARK = {True: "✓", False: "✗"}
@@ -40,7 +40,7 @@ class CliConfig:
     dtype: str | None = None
     weights: str | None = None
     backend: str = "local"
-    vllm_url: str = "http://127.0.0.1:8000"
+    vllm_url: str = DEFAULT_VLLM_URL
 
 
 def format_text(result: CoupletResult, show_mode: bool) -> str:
@@ -67,6 +67,7 @@ def main(cfg: CliConfig) -> int:
     from couplet.model import load_model
 
     settings = parse_settings(cfg.settings)
+    BackendConfig(cfg.backend, cfg.vllm_url)  # a bad URL: one line, before the model loads
     local = cfg.modes if cfg.modes is not None else ([] if cfg.backend == "vllm" else ["full"])
     parse_modes(local or ["full"], allow_all=False)
     request = CoupletRequest(cfg.keywords or "", cfg.length, cfg.acrostic, cfg.temperature, cfg.top_p, cfg.seed,

@@ -25,6 +25,7 @@ from couplet.hub import ModelUnavailable
 from couplet.kvcache import MODES, PrefixPool, parse_modes
 from couplet.model import load_model
 from couplet.options import parse_settings
+from couplet.serving import BackendError
 
 PHRASES = ["龙马精神", "吉祥如意", "春风", "明月", "五福临门", "梅花", "平安", "国泰民安"]
 
@@ -99,6 +100,6 @@ if __name__ == "__main__":
             serve_bench.main(serve_bench.parse_args(sys.argv[2:]))
         else:
             main(parse_args())
-    except (ValueError, ModelUnavailable) as e:
+    except (ValueError, ModelUnavailable, BackendError) as e:
         print(f"错误 error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

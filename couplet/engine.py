@@ -175,6 +175,10 @@ class Engine:
         finally:
             for t in tickets.values():
                 t.cancel()
+            for m in remote or {}:  # a remote stream closed here stops its reader and its HTTP request
+                close = getattr(streams[m], "close", None)
+                if close is not None:
+                    close()
 
     def generate(self, request: CoupletRequest, mode: str = "full") -> CoupletResult:
         """One couplet through the engine (waits for admission)."""

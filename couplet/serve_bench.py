@@ -164,6 +164,14 @@ def run_mode(lm: LoadedModel, mode: str, budget_mb: float, cfg: ServeConfig, typ
     return row, couplets
 
 
+def compare(row: dict, couplets: dict[str, tuple[str, str]], reference: dict[str, tuple[str, str]],
+            full: dict) -> None:
+    """The row's identical rate against `full`'s couplets (on the phrases both wrote) and throughput ratio."""
+    same = [couplets[p] == reference[p] for p in couplets if p in reference]
+    row["identical_rate"] = statistics.fmean(same) if same else float("nan")
+    row["throughput_ratio"] = row["throughput_tok_s"] / full["throughput_tok_s"] if full["throughput_tok_s"] else 0.0
+
+
 def engine_overhead(lm: LoadedModel, reps: int = 2) -> dict:
     """Batch-1 latency of one `full` couplet through the engine against a direct `generate` call, paired per
     phrase (alternating, so load drift hits both alike): the median of the ratios."""
@@ -213,8 +221,7 @@ def main(cfg: ServeConfig) -> dict:
             row, couplets = run_mode(lm, mode, budget, cfg, typed, arrivals, preps)
             if mode == "full":
                 reference = couplets
-            row["identical_rate"] = statistics.fmean(couplets[p] == reference[p] for p in couplets)
-            row["throughput_ratio"] = row["throughput_tok_s"] / rows["full"]["throughput_tok_s"] if rows else 1.0
+            compare(row, couplets, reference, rows.get("full", row))
             rows[mode] = row
             shown = {k: v if v is None else round(v, 3) for k, v in row.items()}
             print(f"budget {budget} MB, {mode}: {json.dumps(shown)}", file=sys.stderr, flush=True)
@@ -224,9 +231,8 @@ def main(cfg: ServeConfig) -> dict:
             for name, row in run_backend(lm, cfg, budget, typed, arrivals, preps).items():
                 if "unmeasured" not in row:
                     couplets = row.pop("couplets")
-                    row["budget_mb"] = budget
-                    row["identical_rate"] = statistics.fmean(couplets[p] == reference[p] for p in couplets)
-                    row["throughput_ratio"] = row["throughput_tok_s"] / rows["full"]["throughput_tok_s"]
+                    row["budget_mb"] = row["kv_capacity_bytes"] / MB if cfg.vllm_url else budget
+                    compare(row, couplets, reference, rows["full"])
                     print(f"budget {budget} MB, {name}: {json.dumps(row, default=str)}", file=sys.stderr, flush=True)
                 rows[name] = row
         out["runs"].append({"budget_mb": budget, "modes": rows})
@@ -327,6 +333,9 @@ def parse_args(argv: list[str]) -> ServeConfig:
         p.error(f"--vllm-kv: unknown {', '.join(unknown)}; choose among bf16, fp8, f32")
     if args["backend"] == "local" or not any(a.startswith("--vllm-url") for a in argv):
         args["vllm_url"] = None  # the benchmark starts its servers per budget unless told of one
+    elif len(args["budgets"] or [0]) > 1:
+        p.error("--vllm-url measures that server at its own KV budget: give one --budgets value (the in-process "
+                "modes' budget) or leave the URL out to start servers per budget")
     try:
         args["modes"] = parse_modes(args["modes"])
     except ValueError as e:

@@ -80,11 +80,9 @@ def modes_table_html(results: Mapping[str, CoupletResult]) -> str:
     rows = []
     for mode, r in results.items():
         base = full.peak_bytes if full else r.full_equivalent_bytes
-        ratio = f"{r.peak_bytes / base:.2f}×" if base else "—"
-        # a remote engine's KV figure is its gauge over every request it holds: not comparable per request
-        kv = f"引擎合计 {r.peak_bytes / 1024:.1f} KB" if mode in REMOTE_LABELS else f"{r.peak_bytes / 1024:.1f} KB"
-        if mode in REMOTE_LABELS:
-            ratio = "—"
+        kv, ratio = f"{r.peak_bytes / 1024:.1f} KB", f"{r.peak_bytes / base:.2f}×" if base else "—"
+        if mode in REMOTE_LABELS:  # its gauge covers every request the engine holds: no per-request ratio
+            kv, ratio = f"引擎合计 {kv}", "—"
         same = full is not None and (r.upper, r.lower) == (full.upper, full.lower)
         ident = "—" if full is None or mode == "full" else ("✓ 相同" if same else "✗ 不同")
         couplet = (highlight_diff(r.upper, full.upper) + " / " + highlight_diff(r.lower, full.lower)) if full else \

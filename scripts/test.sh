@@ -10,8 +10,9 @@ if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1; then
     || echo "warning: chromium could not be installed; browser tests will be skipped with a reason"
 fi
 # vLLM's CPU build in its own cached environment (~2.5 min and 3.5 GB the first time) for the integration tests;
-# they must run, not skip, under this command
-bash scripts/vllm_serve.sh --setup-only >/dev/null
+# they must run, not skip, under this command; if the install fails, everything else still runs and those fail
+bash scripts/vllm_serve.sh --setup-only >/dev/null \
+  || echo "warning: the vLLM environment could not be set up; the vLLM integration tests will fail"
 export COUPLET_VLLM_REQUIRED=1
 python -m ruff check .
 python -m mypy couplet app.py

@@ -2,7 +2,7 @@
 # A vLLM OpenAI-compatible server for the couplet page and benchmark, in its own virtual environment.
 #
 # vLLM pins its own torch and an older transformers than ours, so it lives in a separate venv (created once,
-# then reused) and runs as a separate process; the app talks to it over HTTP (couplet/backends.py).
+# then reused) and runs as a separate process; the app talks to it over HTTP (couplet/serving/).
 #
 #   bash scripts/vllm_serve.sh [--setup-only] [--model DIR] [--port 8000] [--kv-bytes 8388608]
 #                              [--dtype bfloat16|float32] [--kv-dtype auto|fp8] [--max-model-len 512]
@@ -137,5 +137,7 @@ for _ in $(seq 1 360); do
   fi
   sleep 1
 done
-echo "vllm_serve.sh: no /health answer after 6 minutes; see $LOG" >&2
+echo "vllm_serve.sh: no /health answer after 6 minutes; stopped it; see $LOG" >&2
+kill -- "-$(cat "$PIDFILE")" 2>/dev/null || kill "$(cat "$PIDFILE")" 2>/dev/null || true
+rm -f "$PIDFILE"
 exit 1

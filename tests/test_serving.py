@@ -8,7 +8,6 @@ behaviour is tested in tests/test_vllm_integration.py.
 from __future__ import annotations
 
 import http.server
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ import torch
 from couplet.generate import CoupletRequest, generate, prepare
 from couplet.kvcache.layer import KVGeometry
 from couplet.rules import check_couplet
-from couplet.serving import BackendConfig, BackendError
+from couplet.serving import BackendConfig, BackendError, free_port
 from couplet.serving.rules import RowRules, RowSpec, spec_for
 from couplet.serving.vllm_client import VllmClient, parse_metrics, prompt_for
 from couplet.serving.vllm_client import decode as remote_decode
@@ -38,8 +37,9 @@ def drive(lm, prep, rules: RowRules) -> list[int]:
 
 
 def lines_of(lm, spec: RowSpec, out: list[int]) -> tuple[str, str]:
-    text = "".join(c for c in (lm.id_to_char[t] for t in out) if is_han(c))  # the break is not a character
-    return (spec.given_upper, text) if spec.given_upper else (text[: spec.length], text[spec.length:])
+    upper, lower = spec.split(out, lm.id_to_char)[0]
+    assert all(map(is_han, upper + lower))
+    return upper, lower
 
 
 @pytest.mark.parametrize("request_", [
@@ -84,6 +84,9 @@ def test_the_rules_force_keywords_and_the_break_and_bar_everything_else(embedded
     ('{"length": 7}', "KeyError"),
     ('{"length": 7, "upper": {}, "lower": {}, "line_break": [5], "voice": {"loudness": 3}}', "TypeError"),
     ('{"length": 7, "upper": {}, "lower": {}, "line_break": [5], "given_upper": "春风"}', "given 上联"),
+    ('{"length": 7, "upper": {"9": "春"}, "lower": {}, "line_break": [5]}', "fixed '春' at 9"),
+    ('{"length": 7, "upper": {}, "lower": {}, "line_break": []}', "no line break"),
+    ('{"length": 7, "upper": {}, "lower": {}, "line_break": [5], "lower_end": "去"}', "end tone"),
 ])
 def test_a_malformed_spec_is_refused_with_the_reason(text, why):
     with pytest.raises(ValueError, match=why):
@@ -133,12 +136,6 @@ def test_metrics_give_the_engine_kv_bytes_from_usage_blocks_block_size_and_dtype
 # --- FAKE servers: the client's error handling only --------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class FakeHandler(http.server.BaseHTTPRequestHandler):
     behaviour = "garbage"
 
@@ -149,6 +146,18 @@ class FakeHandler(http.server.BaseHTTPRequestHandler):
         self.do_POST()
 
     def do_POST(self) -> None:
+        if self.behaviour == "slow":  # a couplet character every 0.2 s, until the client hangs up
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            try:
+                for _ in range(50):
+                    self.wfile.write(b'data: {"choices": [{"text": "x", "token_ids": [26]}]}\n\n')
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            except (BrokenPipeError, ConnectionResetError):
+                type(self).hung_up = True  # type: ignore[attr-defined]
+            return
         if self.behaviour == "hang":
             time.sleep(3)
         if self.behaviour == "error":
@@ -159,8 +168,9 @@ class FakeHandler(http.server.BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
+        # "short": one token (26, 春 in the embedded vocabulary: a character the rules would allow), then the end
         self.wfile.write(b"data: {not json\n\n" if self.behaviour == "garbage" else
-                         b'data: {"choices": [{"text": "x", "token_ids": [3]}]}\n\ndata: [DONE]\n\n')
+                         b'data: {"choices": [{"text": "x", "token_ids": [26]}]}\n\ndata: [DONE]\n\n')
 
 
 @pytest.fixture
@@ -187,8 +197,22 @@ def test_server_down_is_a_chinese_message(embedded_lm):
         write_remote(embedded_lm, f"http://127.0.0.1:{free_port()}")
 
 
+@pytest.mark.parametrize("url", ["http://127.0.0.1:80x", "127.0.0.1:8000", "ftp://host/", ""])
+def test_a_bad_vllm_url_is_refused_in_chinese_up_front(url):
+    with pytest.raises(ValueError, match="vLLM 服务地址.*无效"):
+        BackendConfig("vllm", url)
+
+
+def test_a_client_that_reaches_no_valid_url_fails_in_chinese_not_with_a_hang(embedded_lm):
+    """Past the config check (a client built by hand): an invalid URL is not an httpx.HTTPError, and the
+    reader thread must still hand the failure over instead of leaving the stream waiting forever."""
+    with pytest.raises(BackendError, match="回复无法解析"):
+        write_remote(embedded_lm, "http://127.0.0.1:80x")
+
+
 @pytest.mark.parametrize("behaviour, message", [
-    ("garbage", "回复无法解析"), ("short", "回复无法解析"), ("error", r"返回错误（HTTP 500）"), ("hang", "响应超时"),
+    ("garbage", "回复无法解析.*JSONDecodeError"), ("short", "回复无法解析.*1 tokens for 15 asked"),
+    ("error", r"返回错误（HTTP 500）"), ("hang", "响应超时"),
 ])
 def test_a_bad_reply_is_a_chinese_message(embedded_lm, fake_server, behaviour, message):
     fake_server.behaviour = behaviour
@@ -198,9 +222,27 @@ def test_a_bad_reply_is_a_chinese_message(embedded_lm, fake_server, behaviour, m
     assert time.perf_counter() - t0 < 10  # a hung server costs the timeout, not forever
 
 
+def test_closing_a_stream_early_hangs_up_on_the_server(embedded_lm, fake_server):
+    """A visitor who leaves: closing the stream stops its reader and closes the connection, so the server
+    (vLLM aborts a request whose client is gone) stops generating."""
+    if embedded_lm.id_to_char[26] != "春":
+        pytest.skip("the fake streams token 26 as 春 (the embedded vocabulary)")
+    fake_server.behaviour = "slow"
+    client = VllmClient(fake_server.url, KVGeometry.of(embedded_lm.model))  # type: ignore[attr-defined]
+    stream = remote_decode(client, embedded_lm, prepare(embedded_lm, CoupletRequest("", upper="春风送暖千家福",
+                                                                                   task="duixia")))
+    next(stream), next(stream)  # the prefill and the first character
+    stream.close()
+    deadline = time.perf_counter() + 5
+    while not getattr(fake_server, "hung_up", False) and time.perf_counter() < deadline:
+        time.sleep(0.05)
+    assert getattr(fake_server, "hung_up", False)
+
+
 def test_the_page_shows_a_chinese_message_when_vllm_is_down_and_stays_usable(monkeypatch, embedded_lm):
-    """The real page with the vLLM backend pointed at a closed port: the vLLM mode fails with a message in the
-    gate, the form is untouched, and the next request (in-process modes) is written."""
+    """The real page with the vLLM backend pointed at a closed port. Beside an in-process mode, the vLLM stream
+    ends with a notice and `full` still writes; alone, the request fails with the message in the gate; the
+    form is untouched either way, and the next request is written."""
     from gradio_client import Client
 
     import app
@@ -210,10 +252,12 @@ def test_the_page_shows_a_chinese_message_when_vllm_is_down_and_stays_usable(mon
     demo = app.serve(port=0)
     try:
         client = Client(demo.local_url, verbose=False)
-        gate, checks, *_ , payload = client.predict("春风", 7, False, 0, 0, 2026, ["vllm", "full"],
-                                                    api_name="/couplet")
+        gate, checks, *_, payload = client.predict("春风", 7, False, 0, 0, 2026, ["vllm", "full"],
+                                                   api_name="/couplet")
+        assert "连不上 vLLM 服务" in checks and [p["mode"] for p in payload] == ["full"]
+        assert payload[0]["upper"] in gate and "Traceback" not in checks
+        gate, checks, *_, payload = client.predict("春风", 7, False, 0, 0, 2026, ["vllm"], api_name="/couplet")
         assert "连不上 vLLM 服务" in gate and "连不上 vLLM 服务" in checks and payload == []
-        assert "Traceback" not in checks
         *_, payload = client.predict("春风", 7, False, 0, 0, 2026, ["full"], api_name="/couplet")
         assert [p["mode"] for p in payload] == ["full"] and len(payload[0]["upper"]) == 7
     finally:

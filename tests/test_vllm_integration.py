@@ -18,6 +18,7 @@ import vllm_servers
 from couplet.generate import CoupletRequest, prepare
 from couplet.kvcache.layer import KVGeometry
 from couplet.rules import check_couplet
+from couplet.serving import VLLM_VENV, free_port
 from couplet.serving.vllm_client import VllmClient, decode, generate
 from couplet.text import is_han
 
@@ -25,16 +26,15 @@ from couplet.text import is_han
 def _server(dtype: str) -> str:
     if not vllm_servers.environment_ready():
         if os.environ.get("COUPLET_VLLM_REQUIRED") == "1":
-            pytest.fail(f"no vLLM environment at {vllm_servers.VENV}: bash scripts/vllm_serve.sh --setup-only")
+            pytest.fail(f"no vLLM environment at {VLLM_VENV}: bash scripts/vllm_serve.sh --setup-only")
         pytest.skip("no vLLM environment: run `bash scripts/vllm_serve.sh --setup-only` (the README's test "
                     "command does)")
-    vllm_servers.start_all()
-    return vllm_servers.SERVERS[dtype].wait()
+    return vllm_servers.url(dtype)
 
 
 @pytest.fixture(scope="module")
 def bf16_url() -> str:
-    return _server("auto")
+    return _server("bf16")
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +112,7 @@ def test_the_page_runs_with_the_vllm_backend(bf16_url):
     in-process one, and the second chart shows the server's own gauges."""
     from gradio_client import Client
 
-    port = vllm_servers.free_port()
+    port = free_port()
     env = {**os.environ, "COUPLET_BACKEND": "vllm", "COUPLET_VLLM_URL": bf16_url, "GRADIO_SERVER_PORT": str(port)}
     page = subprocess.Popen([sys.executable, "app.py"], cwd=vllm_servers.ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
@@ -138,3 +138,23 @@ def test_the_page_runs_with_the_vllm_backend(bf16_url):
     finally:
         page.terminate()
         page.wait(timeout=30)
+
+
+def test_a_spec_the_server_cannot_follow_ends_that_request_and_the_server_lives_on(client, embedded_lm):
+    """A character outside the vocabulary passes the spec's own checks but not the server's table: the
+    processor ends that request at once (never raising inside the engine's step), the client gets its Chinese
+    message, and the next visitor is served."""
+    from dataclasses import replace
+
+    from couplet.serving import BackendError
+    from couplet.serving.rules import RowSpec, spec_for
+    from couplet.serving.vllm_client import prompt_for
+
+    prep = prepare(embedded_lm, CoupletRequest("春风"))
+    spec = replace(spec_for(prep, embedded_lm.family), upper={0: "𠀀"})
+    assert RowSpec.from_json(spec.to_json()) == spec  # well-formed: only the server's vocabulary refuses it
+    with pytest.raises(BackendError, match="回复无法解析"):
+        list(client.stream_tokens(prompt_for(embedded_lm, prep), spec, 0.0, 1.0, 0))
+    with pytest.raises(BackendError, match=r"HTTP 400"):  # malformed: refused at the door, with the reason
+        list(client.stream_tokens(prompt_for(embedded_lm, prep), replace(spec, line_break=()), 0.0, 1.0, 0))
+    assert generate(client, embedded_lm, prep).checks["failures"] == []

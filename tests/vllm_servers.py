@@ -1,5 +1,6 @@
-"""Real vLLM CPU servers for tests/test_vllm_integration.py, started with scripts/vllm_serve.sh on the embedded
-checkpoint at a tiny KV budget: one with a bf16 KV cache, one with fp8, at the same budget in bytes.
+"""Real vLLM CPU servers for tests/test_vllm_integration.py, started with scripts/vllm_serve.sh (through the
+benchmark's `couplet.serving.bench.Server`) on the embedded checkpoint at a tiny KV budget: one with a bf16 KV
+cache, and one with fp8 at the same budget in bytes where this machine can run it.
 
 They take about a minute to start (three processes import vLLM), so conftest.py starts them in the background
 when the session begins (if the integration tests were collected) and the fixtures wait for them; they are
@@ -10,26 +11,16 @@ run instead of skipping it).
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-from dataclasses import dataclass
-from pathlib import Path
+from couplet.serving import VLLM_VENV
+from couplet.serving.bench import ROOT, Server
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "vllm_serve.sh"
-VENV = Path(os.environ.get("COUPLET_VLLM_VENV", Path.home() / ".cache" / "couplet" / "vllm-venv"))
 KV_BYTES = 2 * 1024 * 1024  # 2 MiB: 42 blocks of 32 tokens in bf16 for the embedded model, about 3 requests
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+SERVERS: dict[str, Server] = {}
+__all__ = ["KV_BYTES", "ROOT", "SERVERS", "environment_ready", "fp8_kv_supported", "start_all", "stop_all", "url"]
 
 
 def environment_ready() -> bool:
-    return (VENV / ".couplet-ready").is_file()
+    return (VLLM_VENV / ".couplet-ready").is_file()
 
 
 def fp8_kv_supported() -> bool:
@@ -40,49 +31,21 @@ def fp8_kv_supported() -> bool:
     return bool(torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported())
 
 
-@dataclass
-class Server:
-    kv_dtype: str
-    port: int
-    process: subprocess.Popen | None = None  # the script, until the server answers /health
-    url: str = ""
-    error: str = ""
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            ["bash", str(SCRIPT), "--detach", "--port", str(self.port), "--kv-bytes", str(KV_BYTES),
-             "--kv-dtype", self.kv_dtype, "--max-num-seqs", "16"],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-    def wait(self) -> str:
-        """The server's URL once healthy; raises RuntimeError with the script's last words otherwise."""
-        if self.process is not None:
-            out, err = self.process.communicate(timeout=600)
-            if self.process.returncode == 0:
-                self.url = out.strip().splitlines()[-1]
-            else:
-                self.error = err.strip()[-2000:]
-            self.process = None
-        if not self.url:
-            raise RuntimeError(f"vLLM ({self.kv_dtype}) did not start: {self.error}")
-        return self.url
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.kill()
-        subprocess.run(["bash", str(SCRIPT), "--stop", "--port", str(self.port)], cwd=ROOT, capture_output=True)
-
-
-SERVERS: dict[str, Server] = {}
-
-
 def start_all() -> None:
-    """Start the bf16 and the fp8 server (once per session), without waiting."""
+    """Start the bf16 (and, where it can run, the fp8) server once per session, without waiting."""
     if SERVERS or not environment_ready():
         return
-    for dtype in ("auto", "fp8") if fp8_kv_supported() else ("auto",):
-        SERVERS[dtype] = Server(dtype, free_port())
-        SERVERS[dtype].start()
+    for dtype in ("bf16", "fp8") if fp8_kv_supported() else ("bf16",):
+        SERVERS[dtype] = Server(KV_BYTES, dtype, max_num_seqs=16).start()
+
+
+def url(dtype: str) -> str:
+    """The server's URL once healthy; raises RuntimeError with the script's last words otherwise."""
+    start_all()
+    server = SERVERS[dtype]
+    if not server.wait():
+        raise RuntimeError(f"vLLM ({dtype}) did not start: {server.refusal}")
+    return server.url
 
 
 def stop_all() -> None:

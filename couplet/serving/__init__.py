@@ -16,9 +16,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
 
 BACKENDS = ("local", "vllm")
+# vLLM's own environment (scripts/vllm_serve.sh creates it; the benchmark and the tests find it here)
+VLLM_VENV = Path(os.environ.get("COUPLET_VLLM_VENV", Path.home() / ".cache" / "couplet" / "vllm-venv"))
 
 
 class BackendError(RuntimeError):
@@ -36,18 +41,38 @@ class BackendConfig:
         if self.name not in BACKENDS:
             raise ValueError(f"未知后端「{self.name}」，可选：{'、'.join(BACKENDS)}。 "
                              f"(unknown backend {self.name!r}; choose from {', '.join(BACKENDS)})")
+        try:
+            url = urlsplit(self.vllm_url)
+            url.port  # noqa: B018 - raises ValueError for a port that is not a number
+        except ValueError:
+            url = urlsplit("")
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"vLLM 服务地址「{self.vllm_url}」无效，应形如 {DEFAULT_VLLM_URL}。 "
+                             f"(invalid vLLM URL {self.vllm_url!r})")
 
     @classmethod
     def from_env(cls) -> BackendConfig:
         """`COUPLET_BACKEND` (local|vllm) and `COUPLET_VLLM_URL`."""
         return cls(os.environ.get("COUPLET_BACKEND", "local").strip().lower() or "local",
-                   os.environ.get("COUPLET_VLLM_URL", DEFAULT_VLLM_URL))
+                   os.environ.get("COUPLET_VLLM_URL", DEFAULT_VLLM_URL).strip() or DEFAULT_VLLM_URL)
 
 
 def add_backend_args(p: argparse.ArgumentParser) -> None:
-    """`--backend` and `--vllm-url`, defaulting to the environment (the CLI and the benchmark)."""
-    env = BackendConfig.from_env() if os.environ.get("COUPLET_BACKEND", "local") in BACKENDS else BackendConfig()
+    """`--backend` and `--vllm-url`, defaulting to the environment (the CLI and the benchmark); a bad
+    environment is the parser's error, one line."""
+    try:
+        env = BackendConfig.from_env()
+    except ValueError as e:
+        p.error(f"COUPLET_BACKEND/COUPLET_VLLM_URL: {e}")
     p.add_argument("--backend", choices=BACKENDS, default=env.name,
                    help="local: this process's engine; vllm: a vLLM server (default $COUPLET_BACKEND or local)")
     p.add_argument("--vllm-url", default=env.vllm_url, help=f"the vLLM server (default $COUPLET_VLLM_URL or "
-                                                             f"{DEFAULT_VLLM_URL})")
+                                                             f"{DEFAULT_VLLM_URL}; the benchmark starts its own "
+                                                             "servers unless given one)")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on right now (servers started for a run: the benchmark, the tests, the app)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

@@ -26,14 +26,12 @@ from pathlib import Path
 from couplet.generate import Prepared
 from couplet.kvcache.layer import KVGeometry
 from couplet.model import LoadedModel
-from couplet.serving import BackendError
+from couplet.serving import VLLM_VENV, BackendError, free_port
 from couplet.serving.rules import spec_for
 from couplet.serving.vllm_client import GaugePoller, VllmClient, prompt_for
-from couplet.text import is_han
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 SCRIPT = ROOT / "scripts" / "vllm_serve.sh"
-VENV = Path(os.environ.get("COUPLET_VLLM_VENV", Path.home() / ".cache" / "couplet" / "vllm-venv"))
 MB = 1024 * 1024
 # our names → (the server's --dtype, its --kv-cache-dtype); f32: the weights and cache in float32, which on a CPU
 # without native bf16 arithmetic (AVX2) decodes faster than bf16, at twice the bytes per token
@@ -50,35 +48,49 @@ class Visit:
     error: str = ""
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
-    """A vLLM server of scripts/vllm_serve.sh for one run (`with`); `url` once healthy, `refusal` if it could not
-    start (the script's one line, e.g. an FP8 KV cache on a CPU without AVX-512)."""
+    """A vLLM server of scripts/vllm_serve.sh at a free port: `start()` launches the script (it returns once
+    /health answers), `wait()` gives the URL or, if it could not start, leaves `url` empty and `refusal` set (the
+    script's one line, e.g. an FP8 KV cache on a CPU without AVX-512); `stop()` ends it. As a context manager:
+    start, wait, stop. The benchmark uses it, and the tests (started in the background while the suite runs)."""
 
     def __init__(self, budget_bytes: int, kv_dtype: str, max_num_seqs: int = 64) -> None:
-        self.port = _free_port()
+        self.port = free_port()
+        self.kv_dtype = kv_dtype
         dtype, kv = KV_DTYPES[kv_dtype]
         self.args = ["--detach", "--port", str(self.port), "--kv-bytes", str(budget_bytes), "--dtype", dtype,
                      "--kv-dtype", kv, "--max-num-seqs", str(max_num_seqs)]
         self.url, self.refusal = "", ""
+        self._process: subprocess.Popen | None = None
+
+    def start(self) -> Server:
+        self._process = subprocess.Popen(["bash", str(SCRIPT), *self.args], cwd=ROOT, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, text=True)
+        return self
+
+    def wait(self, timeout: float = 600) -> str:
+        if self._process is not None:
+            out, err = self._process.communicate(timeout=timeout)
+            if self._process.returncode == 0:
+                self.url = out.strip().splitlines()[-1]
+            else:  # exit 2: the script's own one-line refusal; otherwise its account of the crash
+                lines = err.strip().splitlines() or ["no output"]
+                self.refusal = lines[-1] if self._process.returncode == 2 else "\n".join(lines[-20:])
+            self._process = None
+        return self.url
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.kill()
+            self._process = None
+        subprocess.run(["bash", str(SCRIPT), "--stop", "--port", str(self.port)], cwd=ROOT, capture_output=True)
 
     def __enter__(self) -> Server:
-        done = subprocess.run(["bash", str(SCRIPT), *self.args], cwd=ROOT, capture_output=True, text=True)
-        if done.returncode == 0:
-            self.url = done.stdout.strip().splitlines()[-1]
-        else:
-            self.refusal = (done.stderr.strip().splitlines() or ["no output"])[-1 if done.returncode == 2 else 0]
+        self.start().wait()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        subprocess.run(["bash", str(SCRIPT), "--stop", "--port", str(self.port)], cwd=ROOT, capture_output=True)
+        self.stop()
 
 
 def run_vllm(client: VllmClient, lm: LoadedModel, typed: list[str], arrivals: list[float],
@@ -103,8 +115,8 @@ def run_vllm(client: VllmClient, lm: LoadedModel, typed: list[str], arrivals: li
             v.error = str(e)
             return
         v.tokens = len(ids)
-        text = "".join(c for c in (lm.id_to_char[t] for t in ids) if is_han(c))
-        v.couplet = (spec.given_upper, text) if spec.given_upper else (text[: spec.length], text[spec.length:])
+        upper, lower = spec.split(ids, lm.id_to_char)[0]
+        v.couplet = (upper, lower)
 
     before = client.gauges()
     with GaugePoller(client, 0.1) as poller, ThreadPoolExecutor(max_workers=min(len(typed), 256)) as pool:
@@ -152,11 +164,17 @@ def vllm_bench_serve(url: str, lm: LoadedModel, typed: list[str], preps: dict[st
     line length + the break of output tokens with ignore_eos. The prompts go as text, which the embedded
     tokenizer maps back to the same ids (tested); vLLM's client sends no per-request spec, so the rules are off
     and the text is free: a throughput and latency figure, not a couplet. Returns its result's scalar figures."""
+    def as_text(ids: list[int]) -> str:
+        # a character-level vocabulary's tokens are their own text (decode() would put spaces between them)
+        if lm.family.byte_level:
+            return str(lm.tokenizer.decode(ids))
+        return "".join(lm.tokenizer.convert_ids_to_tokens(ids))
+
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "prompts.jsonl"
-        data.write_text("".join(json.dumps({"prompt": "".join(lm.tokenizer.convert_ids_to_tokens(
-            prompt_for(lm, preps[p]))), "output_tokens": spec_for(preps[p], lm.family).new_tokens},
-            ensure_ascii=False) + "\n" for p in typed), encoding="utf-8")
+        data.write_text("".join(json.dumps({"prompt": as_text(prompt_for(lm, preps[p])),
+                                            "output_tokens": spec_for(preps[p], lm.family).new_tokens},
+                                           ensure_ascii=False) + "\n" for p in typed), encoding="utf-8")
         out = Path(tmp) / "result.json"
         args = ["--base-url", url, "--model", "couplet", "--served-model-name", "couplet", "--tokenizer",
                 str(lm.source), "--dataset-name", "custom", "--dataset-path", str(data), "--num-prompts",
@@ -164,7 +182,7 @@ def vllm_bench_serve(url: str, lm: LoadedModel, typed: list[str], preps: dict[st
                 "--skip-chat-template", "--disable-shuffle", "--ignore-eos",
                 "--request-rate", "inf", "--percentile-metrics", "ttft,tpot,e2el", "--metric-percentiles", "50,99",
                 "--save-result", "--result-dir", tmp, "--result-filename", out.name]
-        done = subprocess.run([str(VENV / "bin" / "python"), "-m", "couplet.serving.vllm_bench_runner", *args],
+        done = subprocess.run([str(VLLM_VENV / "bin" / "python"), "-m", "couplet.serving.vllm_bench_runner", *args],
                               cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
         if done.returncode != 0 or not out.exists():
             return {"error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
@@ -172,33 +190,27 @@ def vllm_bench_serve(url: str, lm: LoadedModel, typed: list[str], preps: dict[st
     return {k: v for k, v in result.items() if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
-def geometry(lm: LoadedModel) -> KVGeometry:
-    return KVGeometry.of(lm.model)
-
-
 def run_backend(lm: LoadedModel, cfg, budget_mb: float, typed: list[str], arrivals: list[float],
                 preps: dict[str, Prepared]) -> dict[str, dict]:
     """The vLLM rows at one budget: `vllm-bf16`, `vllm-fp8` (`cfg.vllm_kv`; servers started here), or the one at
     `cfg.vllm_url`. A server that cannot start here gets a row with its reason and no figures."""
+    def measure(url: str) -> dict:
+        client = VllmClient(url, KVGeometry.of(lm.model))
+        client.gauges()  # a warm-up read (and the server's dtype for the row's name)
+        row, couplets = run_vllm(client, lm, typed, arrivals, preps)
+        row["vllm_bench_serve"] = vllm_bench_serve(url, lm, typed, preps) if cfg.vllm_bench else None
+        return {**row, "couplets": couplets}
+
+    if cfg.vllm_url:  # that server as it runs: its own budget (one `--budgets` value, checked by the parser)
+        row = measure(cfg.vllm_url)
+        return {f"vllm-{row['kv_dtype']}": row}
     rows: dict[str, dict] = {}
-    targets = [("url", cfg.vllm_url)] if cfg.vllm_url else [(d, None) for d in cfg.vllm_kv]
-    for dtype, url in targets:
-        if url:
-            client = VllmClient(url, geometry(lm))
-            name = f"vllm-{client.gauges().dtype_label}"
-            row, couplets = run_vllm(client, lm, typed, arrivals, preps)
-            row["vllm_bench_serve"] = vllm_bench_serve(url, lm, typed, preps) if cfg.vllm_bench else None
-            rows[name] = {**row, "couplets": couplets}
-            continue
+    for dtype in cfg.vllm_kv:
         with Server(int(budget_mb * MB), dtype) as server:
-            name = f"vllm-{dtype}"
-            if not server.url:
-                rows[name] = {"backend": "vllm", "kv_dtype": dtype, "unmeasured": server.refusal}
-                print(f"budget {budget_mb} MB, {name}: not measured — {server.refusal}", file=sys.stderr, flush=True)
+            if server.url:
+                rows[f"vllm-{dtype}"] = measure(server.url)
                 continue
-            client = VllmClient(server.url, geometry(lm))
-            client.gauges()  # a warm-up read
-            row, couplets = run_vllm(client, lm, typed, arrivals, preps)
-            row["vllm_bench_serve"] = vllm_bench_serve(server.url, lm, typed, preps) if cfg.vllm_bench else None
-            rows[name] = {**row, "couplets": couplets}
+            rows[f"vllm-{dtype}"] = {"backend": "vllm", "kv_dtype": dtype, "unmeasured": server.refusal}
+            print(f"budget {budget_mb} MB, vllm-{dtype}: not measured — {server.refusal}", file=sys.stderr,
+                  flush=True)
     return rows

@@ -24,7 +24,7 @@ import torch
 from couplet.constraints import LineConstraints
 from couplet.lexicon import VoiceConfig
 from couplet.placement import Placement
-from couplet.tones import LEVEL
+from couplet.tones import LEVEL, OBLIQUE
 from couplet.vocab import CharVocab
 
 SPEC_KEY = "couplet"  # the key of the spec in a request's `vllm_xargs` (vLLM: SamplingParams.extra_args)
@@ -66,9 +66,40 @@ class RowSpec:
             VoiceConfig(**spec.voice)
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"malformed couplet spec: {type(e).__name__}: {e}") from None
-        if spec.length < 1 or (spec.given_upper and len(spec.given_upper) != spec.length):
-            raise ValueError(f"malformed couplet spec: length {spec.length}, given 上联 {spec.given_upper!r}")
+        problems = [f"fixed {c!r} at {i}" for i, c in [*spec.upper.items(), *spec.lower.items()]
+                    if not 0 <= i < spec.length or len(c) != 1]
+        if not 1 <= spec.length <= 16:
+            problems.append(f"length {spec.length}")
+        if spec.given_upper and len(spec.given_upper) != spec.length:
+            problems.append(f"given 上联 {spec.given_upper!r}")
+        if not spec.line_break and not spec.given_upper:
+            problems.append("no line break")
+        if spec.lower_end not in (LEVEL, OBLIQUE):
+            problems.append(f"end tone {spec.lower_end!r}")
+        if problems:
+            raise ValueError(f"malformed couplet spec: {'; '.join(problems)}")
         return spec
+
+    def unknown_to(self, chars: CharVocab) -> list[str]:
+        """What this spec names that the server's vocabulary lacks (fixed characters, line-break ids)."""
+        fixed = [*self.upper.values(), *self.lower.values()]
+        return ([f"character {c!r}" for c in fixed if c not in chars.vocab]
+                + [f"token id {t}" for t in self.line_break if not 0 <= t < len(chars.id_to_char)])
+
+    def split(self, output_ids: list[int], id_to_char: list[str]) -> tuple[list[str], int, int]:
+        """The engine's output so far → (the two lines, the line being written, break tokens seen). Every
+        token that is not a break is a character of the current line (the rules allow nothing else)."""
+        lines = [self.given_upper, ""]
+        line = 1 if self.given_upper else 0
+        breaks = 0
+        for t in output_ids:
+            if line == 0 and len(lines[0]) == self.length:
+                breaks += 1  # a line-break token
+                if breaks == len(self.line_break):
+                    line = 1
+            else:
+                lines[line] += id_to_char[t] if 0 <= t < len(id_to_char) else ""
+        return lines, line, breaks
 
 
 class RowRules:
@@ -84,17 +115,8 @@ class RowRules:
 
     def where(self, output_ids: list[int]) -> tuple[int, int, list[str], int | None]:
         """(line, position, the lines so far, the token forced next or None) after `output_ids`."""
-        spec, chars = self.spec, self.chars.id_to_char
-        lines = [spec.given_upper, ""]
-        line = 1 if spec.given_upper else 0
-        breaks = 0
-        for t in output_ids:
-            if line == 0 and len(lines[0]) == spec.length:
-                breaks += 1  # a line-break token
-                if breaks == len(spec.line_break):
-                    line = 1
-            else:
-                lines[line] += chars[t] if t < len(chars) else ""
+        spec = self.spec
+        lines, line, breaks = spec.split(output_ids, self.chars.id_to_char)
         if line == 0 and len(lines[0]) == spec.length:  # the 上联 is complete: the next token is the break
             return 0, spec.length, lines, spec.line_break[breaks]
         pos = len(lines[line])

@@ -22,6 +22,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import httpx
@@ -43,7 +44,6 @@ SERVED_MODEL = "couplet"  # scripts/vllm_serve.sh: --served-model-name
 class EngineGauges:
     """One read of the server's `/metrics`: engine-wide figures (every request it holds), not one request's."""
 
-    at: float  # time.perf_counter() when read
     kv_usage: float  # vllm:kv_cache_usage_perc, 0–1
     num_blocks: int  # KV blocks the budget holds (cache_config_info num_gpu_blocks; CPU blocks on a CPU build)
     block_size: int  # tokens per block
@@ -90,12 +90,14 @@ def element_bytes(cache_dtype: str, info: dict[str, str], geometry: KVGeometry) 
     return 4 if per_element >= 3 else 2
 
 
+# what a request can fail with on its way (httpx.InvalidURL and StreamError are not HTTPError subclasses)
+FAILURES = (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError, ValueError, KeyError, IndexError, TypeError)
 WANTED = ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting",
           "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total",
           "vllm:cache_config_info")
 
 
-def parse_metrics(text: str, geometry: KVGeometry, at: float | None = None) -> EngineGauges:
+def parse_metrics(text: str, geometry: KVGeometry) -> EngineGauges:
     """The gauges from Prometheus text (summed over engines when a server runs several). Raises ValueError when
     a metric the page needs is missing (an older vLLM named them `gpu_cache_usage_perc`, …)."""
     values: dict[str, float] = {}
@@ -115,7 +117,7 @@ def parse_metrics(text: str, geometry: KVGeometry, at: float | None = None) -> E
     cache_dtype = info.get("cache_dtype", "auto")
     element = element_bytes(cache_dtype, info, geometry)
     return EngineGauges(
-        time.perf_counter() if at is None else at, values["vllm:kv_cache_usage_perc"],
+        values["vllm:kv_cache_usage_perc"],
         int(info.get("num_gpu_blocks", 0)), int(info.get("block_size", 0)), cache_dtype, element,
         replace(geometry, dtype_bytes=element).token_bytes,
         int(values["vllm:num_requests_running"]), int(values["vllm:num_requests_waiting"]),
@@ -127,10 +129,14 @@ class VllmClient:
     """HTTP to one vLLM server. `geometry`: the served model's KV layout (the app's copy of the same checkpoint);
     the server's cache dtype replaces its dtype."""
 
-    def __init__(self, url: str, geometry: KVGeometry, timeout: float = 60.0) -> None:
+    def __init__(self, url: str, geometry: KVGeometry, timeout: float = 60.0, metrics_timeout: float = 5.0) -> None:
         self.url = url.rstrip("/")
         self.geometry = geometry
         self.timeout = httpx.Timeout(timeout, connect=3.0)
+        self.metrics_timeout = httpx.Timeout(metrics_timeout, connect=3.0)
+        self._poller_lock = threading.Lock()
+        self._poller: GaugePoller | None = None
+        self._pollers_users = 0
 
     def _error(self, e: Exception) -> BackendError:
         if isinstance(e, httpx.ConnectError):
@@ -139,23 +145,47 @@ class VllmClient:
         if isinstance(e, httpx.TimeoutException):
             return BackendError(f"vLLM 服务响应超时，可能正忙，请稍后再试。 (timed out: {type(e).__name__})")
         if isinstance(e, httpx.HTTPStatusError):
-            return BackendError(f"vLLM 服务返回错误（HTTP {e.response.status_code}），请稍后再试。 "
-                                f"({e.response.text[:200]})")
+            return self._refused(e.response.status_code, e.response.text)
         return BackendError(f"vLLM 服务的回复无法解析，请稍后再试。 ({type(e).__name__}: {e})")
+
+    @staticmethod
+    def _refused(code: object, detail: object) -> BackendError:
+        """The server said no: an HTTP error status, or an error event inside a stream (how vLLM reports a
+        request it refuses once streaming has begun, e.g. a malformed couplet spec: code 400)."""
+        return BackendError(f"vLLM 服务返回错误（HTTP {code}），请稍后再试。 ({str(detail)[:200]})")
 
     def gauges(self) -> EngineGauges:
         try:
-            r = httpx.get(f"{self.url}/metrics", timeout=self.timeout)
+            r = httpx.get(f"{self.url}/metrics", timeout=self.metrics_timeout)
             r.raise_for_status()
             return parse_metrics(r.text, self.geometry)
-        except (httpx.HTTPError, ValueError) as e:
+        except FAILURES as e:
             raise self._error(e) from None
 
-    def stream_tokens(self, prompt: list[int], spec: RowSpec, temperature: float, top_p: float,
-                      seed: int) -> Iterator[list[int]]:
-        """The generated token ids, a chunk at a time, for one prompt under the couplet rules."""
+    @contextmanager
+    def polling(self, interval: float = 0.1) -> Iterator[GaugePoller]:
+        """The client's one gauge poller, shared by every request streaming at the moment (N visitors still
+        make one `/metrics` read per interval); started by the first user, stopped after the last."""
+        with self._poller_lock:
+            if self._poller is None:
+                self._poller = GaugePoller(self, interval).start()
+            self._pollers_users += 1
+            poller = self._poller
+        try:
+            yield poller
+        finally:
+            with self._poller_lock:
+                self._pollers_users -= 1
+                if self._pollers_users == 0 and self._poller is not None:
+                    self._poller.stop()
+                    self._poller = None
+
+    def stream_tokens(self, prompt: list[int], spec: RowSpec, temperature: float, top_p: float, seed: int,
+                      stop: threading.Event | None = None) -> Iterator[list[int]]:
+        """The generated token ids, a chunk at a time, for one prompt under the couplet rules. Setting `stop`
+        ends the stream between chunks and closes the connection (vLLM then aborts the request)."""
         body = {"model": SERVED_MODEL, "prompt": prompt, "max_tokens": spec.new_tokens, "temperature": temperature,
-                "top_p": top_p, "seed": seed, "stream": True, "return_token_ids": True, "ignore_eos": True,
+                "top_p": top_p, "seed": seed, "stream": True, "return_token_ids": True,
                 "vllm_xargs": {SPEC_KEY: spec.to_json()}}
         got = 0
         try:
@@ -164,6 +194,8 @@ class VllmClient:
                     r.read()
                     r.raise_for_status()
                 for line in r.iter_lines():
+                    if stop is not None and stop.is_set():
+                        return
                     if not line.startswith("data:"):
                         continue
                     data = line[5:].strip()
@@ -171,12 +203,15 @@ class VllmClient:
                         break
                     chunk = json.loads(data)
                     if "error" in chunk:
-                        raise ValueError(f"server error: {chunk['error']}")
+                        error = chunk["error"]
+                        code = error.get("code") if isinstance(error, dict) else None
+                        message = error.get("message", error) if isinstance(error, dict) else error
+                        raise self._refused(code or "?", message)
                     ids = [int(t) for t in chunk["choices"][0].get("token_ids") or []]
                     got += len(ids)
                     if ids:
                         yield ids
-        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as e:
+        except FAILURES as e:
             raise self._error(e) from None
         if got != spec.new_tokens:
             raise self._error(ValueError(f"{got} tokens for {spec.new_tokens} asked"))
@@ -209,7 +244,8 @@ class GaugePoller:
             self._wake.wait(self.interval)
             self._wake.clear()
 
-    def __enter__(self) -> GaugePoller:
+    def start(self) -> GaugePoller:
+        """One read now (so `latest` is there from the start), then the thread."""
         try:
             self.latest = self.client.gauges()
             self.samples.append(self.latest)
@@ -218,10 +254,16 @@ class GaugePoller:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def stop(self) -> None:
+        """Ends the thread after its current read (at most the client's metrics timeout); does not wait."""
         self._stop.set()
         self._wake.set()
-        self._thread.join()
+
+    def __enter__(self) -> GaugePoller:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 @dataclass
@@ -248,62 +290,68 @@ def decode(client: VllmClient, lm: LoadedModel, prep: Prepared, mode: str = VLLM
     spec = spec_for(prep, lm.family)
     prompt = prompt_for(lm, prep)
     request = prep.request
-    lines = [spec.given_upper, ""]
-    line = 1 if spec.given_upper else 0
-    breaks, step, records = 0, 0, []
+    step, finished = 0, False
+    records: list[StepRecord] = []
+    ids: list[int] = []
     t0 = last = time.perf_counter()
     # The HTTP stream is read in a thread, so arrival times are the server's pace, not the consumer's (the page
-    # advances this stream in lockstep with slower in-process modes).
+    # advances this stream in lockstep with slower in-process modes). Closing this generator stops the reader.
     arrived: queue.Queue[tuple[float, list[int]] | BackendError | None] = queue.Queue()
-    with GaugePoller(client, poll_interval) as poller:
+    stop = threading.Event()
+    with client.polling(poll_interval) as poller:
         def read() -> None:
             try:
-                for ids in client.stream_tokens(prompt, spec, request.temperature, request.top_p, request.seed):
-                    arrived.put((time.perf_counter(), ids))
+                for chunk in client.stream_tokens(prompt, spec, request.temperature, request.top_p, request.seed,
+                                                  stop):
+                    arrived.put((time.perf_counter(), chunk))
                     poller.poke()
+            except Exception as e:  # noqa: BLE001 - whatever it is, the consumer gets a BackendError, never a hang
+                arrived.put(e if isinstance(e, BackendError) else client._error(e))
+            finally:
                 arrived.put(None)
-            except BackendError as e:
-                arrived.put(e)
 
-        threading.Thread(target=read, daemon=True).start()
-
-        def record(char: str, fed: int, now: float) -> RemoteProgress:
+        def record(char: str, fed: int, now: float, lines: list[str]) -> RemoteProgress:
             nonlocal last, step
             g = poller.latest
             logical = len(prompt) + fed
             block = g.block_size if g and g.block_size else 1
-            # paged: a request holds whole blocks; the KV bytes are the engine's gauge (every request it holds)
+            # Paged: a request holds whole blocks. The KV bytes are the engine's gauge (every request it holds,
+            # labelled so wherever shown); the prompt tokens the prefix cache answered are in its counters, not
+            # per request, so the prefill's computed_tokens is left 0 (unknown), not the prompt's length.
             rec = StepRecord(mode, step, char, logical, math.ceil(logical / block) * block, g.kv_bytes if g else 0,
-                             0, 0, None, None, now - last, len(prompt) if step == 0 else 0)
+                             0, 0, None, None, now - last, 0)
             last = now
             step += 1
             records.append(rec)
             return RemoteProgress(mode, lines[0], lines[1], rec, gauges=g)
 
-        fed = 0
-        while (item := arrived.get()) is not None:
-            if isinstance(item, BackendError):
-                raise item
-            now, ids = item
-            for t in ids:
-                if step == 0:
-                    yield record("", 0, now)  # the prefill: what arrived first
-                fed += 1
-                if line == 0 and len(lines[0]) == spec.length:
-                    breaks += 1
-                    if breaks == len(spec.line_break):
-                        line = 1
-                    continue
-                char = lm.id_to_char[t] if t < len(lm.id_to_char) else ""
-                if not is_han(char):
-                    raise client._error(ValueError(f"token {t} is not a Han character"))
-                lines[line] += char
-                progress = record(char, fed, now)
-                if line == 1 and len(lines[1]) == spec.length:
-                    progress.result = finish(lm, prep, mode, lines[0], lines[1], records)
-                    progress.result.seconds = now - t0  # request sent → last character arrived
-                yield progress
-
+        threading.Thread(target=read, daemon=True).start()
+        try:
+            while (item := arrived.get()) is not None:
+                if isinstance(item, BackendError):
+                    raise item
+                now, chunk = item
+                for t in chunk:
+                    if step == 0:
+                        yield record("", 0, now, ["", ""])  # the prefill: what arrived first
+                    before = spec.split(ids, lm.id_to_char)[0]
+                    ids.append(t)
+                    lines, line, _ = spec.split(ids, lm.id_to_char)
+                    if lines == before:
+                        continue  # a line-break token: it rides with the last 上联 character, as in the local loop
+                    char = lines[line][-1] if lines[line] else ""
+                    if not is_han(char) or len(lines[line]) > spec.length:
+                        raise client._error(ValueError(f"token {t} is not a couplet character here"))
+                    progress = record(char, len(ids), now, lines)
+                    if line == 1 and len(lines[1]) == spec.length:
+                        progress.result = finish(lm, prep, mode, lines[0], lines[1], records)
+                        progress.result.seconds = now - t0  # request sent → last character arrived
+                        finished = True
+                    yield progress
+            if not finished:
+                raise client._error(ValueError("the reply ended before the couplet did"))
+        finally:
+            stop.set()
 
 def generate(client: VllmClient, lm: LoadedModel, prep: Prepared) -> CoupletResult:
     """The finished couplet from the server (the CLI's `--backend vllm`)."""

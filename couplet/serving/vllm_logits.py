@@ -14,6 +14,9 @@ client would have to send one request per character, each re-reading the prompt.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -23,6 +26,8 @@ from vllm.v1.sample.logits_processor import AdapterLogitsProcessor  # type: igno
 from couplet.serving.rules import SPEC_KEY, RowRules, RowSpec
 from couplet.vocab import CharVocab
 
+logger = logging.getLogger("couplet.serving")
+
 
 class CoupletLogitsProcessor(AdapterLogitsProcessor):  # type: ignore[misc]
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
@@ -31,6 +36,8 @@ class CoupletLogitsProcessor(AdapterLogitsProcessor):  # type: ignore[misc]
         self._tokenizer_path = model_config.tokenizer
         self._size = int(model_config.get_vocab_size())
         self._tables: dict[bool, CharVocab] = {}
+        eos = getattr(model_config.hf_config, "eos_token_id", None)
+        self._eos = int(eos[0] if isinstance(eos, list) else eos or 0)
 
     def _chars(self, byte_level: bool) -> CharVocab:
         if byte_level not in self._tables:  # once per server (the tokenizer is read once, on the first request)
@@ -47,9 +54,34 @@ class CoupletLogitsProcessor(AdapterLogitsProcessor):  # type: ignore[misc]
     def is_argmax_invariant(self) -> bool:
         return False  # it masks and biases: greedy picks change
 
-    def new_req_logits_processor(self, params: Any) -> RowRules | None:
+    def new_req_logits_processor(self, params: Any) -> Callable[[list[int], torch.Tensor], torch.Tensor] | None:
         raw = (params.extra_args or {}).get(SPEC_KEY)
         if raw is None:
             return None
-        spec = RowSpec.from_json(str(raw))
-        return RowRules(self._chars(spec.byte_level), spec)
+        # This runs inside the engine's step: nothing may raise here, or the server goes down for everyone. A
+        # spec that passed validate_params but does not fit this vocabulary ends its request at once instead
+        # (the client sees a short reply: 「回复无法解析」).
+        try:
+            spec = RowSpec.from_json(str(raw))
+            chars = self._chars(spec.byte_level)
+            if unknown := spec.unknown_to(chars):
+                raise ValueError(", ".join(unknown))
+            rules = RowRules(chars, spec)
+        except Exception as e:  # noqa: BLE001 - see above
+            logger.warning("couplet spec refused: %s", e)
+            return self._end
+        return partial(_guarded, rules, self._end)
+
+    def _end(self, output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
+        """Only the end-of-sequence token: the request stops here."""
+        out = torch.full_like(logits, float("-inf"))
+        out[self._eos] = 0.0
+        return out
+
+
+def _guarded(rules: RowRules, end: Callable, output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
+    try:
+        return rules(output_ids, logits)
+    except Exception as e:  # noqa: BLE001 - never raise inside the engine's step (see new_req_logits_processor)
+        logger.warning("couplet rules failed: %s", e)
+        return end(output_ids, logits)

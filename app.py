@@ -136,11 +136,11 @@ def _outputs(gate: str, checks: str, records: dict[str, list[StepRecord]], table
     """The six outputs of a couplet stream. With the vLLM server's gauges (by step), the second chart shows
     them; the in-process memory chart never mixes in the server's engine-wide figures."""
     labels = {m: mode_label(m) for m in records}
-    if gauges:
-        second = engine_figure(list(gauges), list(gauges.values()))
-    else:
-        second = memory_figure({m: r for m, r in records.items() if m in MODES}, labels)
-    return gate, checks, kv_figure(records, labels), second, table, payload
+    # per-request figures hold the in-process modes only: a server's KV figure is its engine's total (the table
+    # row says 引擎合计), charted beside them from its own gauges
+    local = {m: r for m, r in records.items() if m in MODES}
+    second = engine_figure(list(gauges), list(gauges.values())) if gauges else memory_figure(local, labels)
+    return gate, checks, kv_figure(local, labels), second, table, payload
 
 
 @gpu

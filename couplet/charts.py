@@ -133,15 +133,13 @@ def engine_figure(steps: Sequence[int], gauges: Sequence[EngineGauges]) -> go.Fi
             x=list(steps), y=[getattr(g, key) for g in gauges], name=name, meta=f"engine-{key}", mode="lines",
             line={"color": color, "width": 2, "shape": "hv"}, hovertemplate=f"{name} %{{y}}<extra></extra>"),
             secondary_y=True)
+    title = "vLLM 引擎仪表（全引擎合计，非单个请求）"
     if gauges:
         g = gauges[-1]
         hit = g.prefix_hits / g.prefix_queries if g.prefix_queries else 0.0
-        fig.add_annotation(
-            text=(f"KV 类型 {g.dtype_label} · 容量 {g.capacity_bytes / KB:.0f} KB（{g.num_blocks} 块 × "
-                  f"{g.block_size} 词元）<br>前缀缓存累计命中 {hit:.0%} · 抢占 {g.preemptions:.0f} 次"),
-            xref="paper", yref="paper", x=0.02, y=0.98, xanchor="left", yanchor="top", showarrow=False,
-            align="left", font={"size": 12, "color": "#7d1010"}, bgcolor="rgba(255,250,240,0.9)",
-            bordercolor="#d4af37", borderwidth=1, borderpad=6)
-    fig = _layout(fig, "vLLM 引擎仪表（全引擎合计，非单个请求）", "引擎 KV 缓存 (KB)")
+        title += (f"<br><sup>KV 类型 {g.dtype_label} · 容量 {g.capacity_bytes / KB:.0f} KB（{g.num_blocks} 块 × "
+                  f"{g.block_size} 词元）· 前缀缓存累计命中 {hit:.0%} · 抢占 {g.preemptions:.0f} 次</sup>")
+    fig = _layout(fig, title, "引擎 KV 缓存 (KB)")
+    fig.update_layout(margin={"t": 64})
     fig.update_yaxes(title_text="请求数", secondary_y=True, rangemode="tozero", showgrid=False)
     return fig

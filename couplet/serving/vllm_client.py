@@ -296,23 +296,23 @@ def decode(client: VllmClient, lm: LoadedModel, prep: Prepared, mode: str = VLLM
     t0 = last = time.perf_counter()
     # The HTTP stream is read in a thread, so arrival times are the server's pace, not the consumer's (the page
     # advances this stream in lockstep with slower in-process modes). Closing this generator stops the reader.
-    arrived: queue.Queue[tuple[float, list[int]] | BackendError | None] = queue.Queue()
+    # (arrival time, token ids, the gauges as they stood then) — the consumer may come by much later
+    arrived: queue.Queue[tuple[float, list[int], EngineGauges | None] | BackendError | None] = queue.Queue()
     stop = threading.Event()
     with client.polling(poll_interval) as poller:
         def read() -> None:
             try:
                 for chunk in client.stream_tokens(prompt, spec, request.temperature, request.top_p, request.seed,
                                                   stop):
-                    arrived.put((time.perf_counter(), chunk))
+                    arrived.put((time.perf_counter(), chunk, poller.latest))
                     poller.poke()
             except Exception as e:  # noqa: BLE001 - whatever it is, the consumer gets a BackendError, never a hang
                 arrived.put(e if isinstance(e, BackendError) else client._error(e))
             finally:
                 arrived.put(None)
 
-        def record(char: str, fed: int, now: float, lines: list[str]) -> RemoteProgress:
+        def record(char: str, fed: int, now: float, lines: list[str], g: EngineGauges | None) -> RemoteProgress:
             nonlocal last, step
-            g = poller.latest
             logical = len(prompt) + fed
             block = g.block_size if g and g.block_size else 1
             # Paged: a request holds whole blocks. The KV bytes are the engine's gauge (every request it holds,
@@ -330,10 +330,10 @@ def decode(client: VllmClient, lm: LoadedModel, prep: Prepared, mode: str = VLLM
             while (item := arrived.get()) is not None:
                 if isinstance(item, BackendError):
                     raise item
-                now, chunk = item
+                now, chunk, gauges = item
                 for t in chunk:
                     if step == 0:
-                        yield record("", 0, now, ["", ""])  # the prefill: what arrived first
+                        yield record("", 0, now, ["", ""], gauges)  # the prefill: what arrived first
                     before = spec.split(ids, lm.id_to_char)[0]
                     ids.append(t)
                     lines, line, _ = spec.split(ids, lm.id_to_char)
@@ -342,7 +342,7 @@ def decode(client: VllmClient, lm: LoadedModel, prep: Prepared, mode: str = VLLM
                     char = lines[line][-1] if lines[line] else ""
                     if not is_han(char) or len(lines[line]) > spec.length:
                         raise client._error(ValueError(f"token {t} is not a couplet character here"))
-                    progress = record(char, len(ids), now, lines)
+                    progress = record(char, len(ids), now, lines, gauges)
                     if line == 1 and len(lines[1]) == spec.length:
                         progress.result = finish(lm, prep, mode, lines[0], lines[1], records)
                         progress.result.seconds = now - t0  # request sent → last character arrived

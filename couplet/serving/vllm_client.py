@@ -353,6 +353,7 @@ def decode(client: VllmClient, lm: LoadedModel, prep: Prepared, mode: str = VLLM
         finally:
             stop.set()
 
+
 def generate(client: VllmClient, lm: LoadedModel, prep: Prepared) -> CoupletResult:
     """The finished couplet from the server (the CLI's `--backend vllm`)."""
     *_, last = decode(client, lm, prep)

@@ -33,8 +33,8 @@ from couplet.kvcache import MODE_INFO, MODES
 from couplet.kvcache.layer import KVGeometry
 from couplet.model import LoadedModel, load_model_or_embedded
 from couplet.printing import PAPERS_MM, PrintConfig, font_ttf, print_set
-from couplet.serving import BackendConfig, BackendError, free_port
-from couplet.serving.vllm_client import VLLM_MODE, EngineGauges, VllmClient
+from couplet.serving import VLLM_MODE, BackendConfig, BackendError, free_port
+from couplet.serving.vllm_client import EngineGauges, VllmClient
 from couplet.serving.vllm_client import decode as remote_decode
 from couplet.share import ShareLink, parse_query, share_url
 from couplet.text import CoupletInputError, visitor_part

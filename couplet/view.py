@@ -13,13 +13,14 @@ from html import escape
 from couplet.charts import mode_color
 from couplet.events import CoupletResult
 from couplet.kvcache import MODE_INFO
+from couplet.serving import VLLM_MODE
 
 CHECK_LABELS = {"length": "字数", "tones": "平仄", "keywords": "关键词", "same_position": "同位不重",
                 "han_only": "汉字"}
 
 
 # Modes of other backends (`couplet.serving`): their KV figures are the engine's gauges, all requests together
-REMOTE_LABELS = {"vllm": "vLLM 服务端（引擎合计）"}
+REMOTE_LABELS = {VLLM_MODE: "vLLM 服务端（引擎合计）"}
 
 
 def mode_label(mode: str) -> str:

@@ -9,26 +9,23 @@ Uses Debian's Chromium through Playwright and the browser tests' helpers (tests/
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-import httpx
 from playwright.sync_api import sync_playwright
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from test_app_browser import ANIMATIONS_DONE, save_screenshot  # noqa: E402
+from vllm_servers import page_on  # noqa: E402
 
 from couplet.generate import CoupletRequest, prepare  # noqa: E402
 from couplet.kvcache.layer import KVGeometry  # noqa: E402
 from couplet.model import load_model  # noqa: E402
 from couplet.serve_bench import phrases  # noqa: E402
-from couplet.serving import free_port  # noqa: E402
 from couplet.serving.bench import Server  # noqa: E402
 from couplet.serving.rules import spec_for  # noqa: E402
 from couplet.serving.vllm_client import VllmClient, prompt_for  # noqa: E402
@@ -41,20 +38,7 @@ def main(out: Path) -> None:
     with Server(int(14.05 * 1024 * 1024), "bf16") as server:
         if not server.url:
             raise SystemExit(f"vLLM did not start: {server.refusal}")
-        port = free_port()
-        env = {**os.environ, "COUPLET_BACKEND": "vllm", "COUPLET_VLLM_URL": server.url,
-               "GRADIO_SERVER_PORT": str(port)}
-        app = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
-        try:
-            url = f"http://127.0.0.1:{port}/"
-            for _ in range(240):
-                try:
-                    if httpx.get(url, timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.5)
+        with page_on(server.url) as url:
             client = VllmClient(server.url, KVGeometry.of(lm.model))
             preps = [prepare(lm, CoupletRequest(k)) for k in phrases()[:40]]
 
@@ -81,9 +65,6 @@ def main(out: Path) -> None:
                 page.evaluate(ANIMATIONS_DONE)
                 print(out, save_screenshot(page, out), "bytes")
                 browser.close()
-        finally:
-            app.terminate()
-            app.wait()
 
 
 if __name__ == "__main__":

@@ -7,9 +7,6 @@ with the same keywords hits the prefix cache, and the page runs with COUPLET_BAC
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
 
 import httpx
 import pytest
@@ -18,7 +15,7 @@ import vllm_servers
 from couplet.generate import CoupletRequest, prepare
 from couplet.kvcache.layer import KVGeometry
 from couplet.rules import check_couplet
-from couplet.serving import VLLM_VENV, free_port
+from couplet.serving import VLLM_VENV
 from couplet.serving.vllm_client import VllmClient, decode, generate
 from couplet.text import is_han
 
@@ -112,20 +109,7 @@ def test_the_page_runs_with_the_vllm_backend(bf16_url):
     in-process one, and the second chart shows the server's own gauges."""
     from gradio_client import Client
 
-    port = free_port()
-    env = {**os.environ, "COUPLET_BACKEND": "vllm", "COUPLET_VLLM_URL": bf16_url, "GRADIO_SERVER_PORT": str(port)}
-    page = subprocess.Popen([sys.executable, "app.py"], cwd=vllm_servers.ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        url = f"http://127.0.0.1:{port}/"
-        for _ in range(240):
-            try:
-                if httpx.get(url, timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert page.poll() is None, page.stderr.read() if page.stderr else "app.py exited"
-            time.sleep(0.5)
+    with vllm_servers.page_on(bf16_url) as url:
         config = httpx.get(f"{url}config", timeout=10).text  # the page's layout: the toggles and the about panel
         assert "仅本进程" in config and "另一进程：vLLM 服务端" in config
         client = Client(url, verbose=False)
@@ -135,9 +119,6 @@ def test_the_page_runs_with_the_vllm_backend(bf16_url):
         assert set(modes) == {"vllm", "full"} and modes["vllm"]["checks"]["failures"] == []
         assert "vLLM 引擎仪表（全引擎合计" in mem_plot["plot"] and "vLLM 服务端（引擎合计）" in table
         assert "bf16 KV" in table  # the live line names the server's cache dtype
-    finally:
-        page.terminate()
-        page.wait(timeout=30)
 
 
 def test_a_spec_the_server_cannot_follow_ends_that_request_and_the_server_lives_on(client, embedded_lm):

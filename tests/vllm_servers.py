@@ -11,12 +11,22 @@ run instead of skipping it).
 
 from __future__ import annotations
 
-from couplet.serving import VLLM_VENV
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+
+from couplet.serving import VLLM_VENV, free_port
 from couplet.serving.bench import ROOT, Server
 
 KV_BYTES = 2 * 1024 * 1024  # 2 MiB: 42 blocks of 32 tokens in bf16 for the embedded model, about 3 requests
 SERVERS: dict[str, Server] = {}
-__all__ = ["KV_BYTES", "ROOT", "SERVERS", "environment_ready", "fp8_kv_supported", "start_all", "stop_all", "url"]
+__all__ = ["KV_BYTES", "ROOT", "SERVERS", "environment_ready", "fp8_kv_supported", "page_on", "start_all",
+           "stop_all", "url"]
 
 
 def environment_ready() -> bool:
@@ -46,6 +56,32 @@ def url(dtype: str) -> str:
     if not server.wait():
         raise RuntimeError(f"vLLM ({dtype}) did not start: {server.refusal}")
     return server.url
+
+
+@contextmanager
+def page_on(vllm_url: str) -> Iterator[str]:
+    """`COUPLET_BACKEND=vllm python app.py` on that server, at a free port: its URL once it answers (raises
+    RuntimeError with its stderr if it exits first); terminated afterwards. The integration test and
+    scripts/screenshot_vllm.py use it."""
+    port = free_port()
+    env = {**os.environ, "COUPLET_BACKEND": "vllm", "COUPLET_VLLM_URL": vllm_url, "GRADIO_SERVER_PORT": str(port)}
+    page = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}/"
+        for _ in range(240):
+            try:
+                if httpx.get(url, timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if page.poll() is not None:
+                raise RuntimeError(f"app.py exited: {page.stderr.read() if page.stderr else ''}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        page.terminate()
+        page.wait(timeout=30)
 
 
 def stop_all() -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 BACKENDS = ("local", "vllm")
+VLLM_MODE = "vllm"  # the mode name of the vLLM server's couplets in records, results, the chart and the table
 # vLLM's own environment (scripts/vllm_serve.sh creates it; the benchmark and the tests find it here)
 VLLM_VENV = Path(os.environ.get("COUPLET_VLLM_VENV", Path.home() / ".cache" / "couplet" / "vllm-venv"))
 

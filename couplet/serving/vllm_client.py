@@ -32,11 +32,10 @@ from couplet.events import CoupletResult, StepRecord
 from couplet.generate import Prepared, Progress, finish
 from couplet.kvcache.layer import KVGeometry
 from couplet.model import LoadedModel
-from couplet.serving import BackendError
+from couplet.serving import VLLM_MODE, BackendError
 from couplet.serving.rules import SPEC_KEY, RowSpec, spec_for
 from couplet.text import is_han
 
-VLLM_MODE = "vllm"  # the mode name of the remote engine in records, results, the chart and the table
 SERVED_MODEL = "couplet"  # scripts/vllm_serve.sh: --served-model-name
 
 
@@ -293,6 +292,7 @@ def decode(client: VllmClient, lm: LoadedModel, prep: Prepared, mode: str = VLLM
     step, finished = 0, False
     records: list[StepRecord] = []
     ids: list[int] = []
+    lines = [spec.given_upper, ""]  # the lines after the tokens so far
     t0 = last = time.perf_counter()
     # The HTTP stream is read in a thread, so arrival times are the server's pace, not the consumer's (the page
     # advances this stream in lockstep with slower in-process modes). Closing this generator stops the reader.
@@ -334,7 +334,7 @@ def decode(client: VllmClient, lm: LoadedModel, prep: Prepared, mode: str = VLLM
                 for t in chunk:
                     if step == 0:
                         yield record("", 0, now, ["", ""], gauges)  # the prefill: what arrived first
-                    before = spec.split(ids, lm.id_to_char)[0]
+                    before = lines
                     ids.append(t)
                     lines, line, _ = spec.split(ids, lm.id_to_char)
                     if lines == before:

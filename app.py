@@ -165,14 +165,14 @@ def _stream(make_request, temperature: float, seed: float, year: float, modes: l
         label = year_label(int(year if year is not None else DEFAULT_YEAR))
     except (TypeError, ValueError, OverflowError):
         label = year_label(DEFAULT_YEAR)
-        notice = "；".join(filter(None, [notice, f"年份须在 {MIN_YEAR}–{MAX_YEAR} 之间，已改用 {DEFAULT_YEAR} 年。"]))
+        notice = sentences([notice, f"年份须在 {MIN_YEAR}–{MAX_YEAR} 之间，已改用 {DEFAULT_YEAR} 年。"])
         gr.Warning(notice)
     modes = ticked(modes)
     # what this family cannot run in-process
     refusals = {m: why for m in modes if m in MODES and (why := model().family.mode_refusal(m))}
     if refusals:
         modes = [m for m in modes if m not in refusals] or ["full"]
-        notice = "；".join(filter(None, [notice, *refusals.values()]))
+        notice = sentences([notice, *refusals.values()])
     local = [m for m in modes if m in MODES]
     client = remote()
     failed: list[str] = []  # the vLLM stream's failure, when in-process modes carry on without it
@@ -200,7 +200,7 @@ def _stream(make_request, temperature: float, seed: float, year: float, modes: l
             p = state.latest[shown]
             if (progress := state.latest.get(VLLM_MODE)) is not None and (g := getattr(progress, "gauges", None)):
                 gauges[progress.record.step] = g
-            said = "；".join(filter(None, [notice, *failed]))
+            said = sentences([notice, *failed])
             length = len(p.upper) if request.task == "duixia" else request.length
             gate = render_gate(p.upper, p.lower, results[shown].hengpi if done else "", year_label=label,
                                opened=done, pending=not done, length=length)
@@ -217,7 +217,7 @@ def _stream(make_request, temperature: float, seed: float, year: float, modes: l
     except CoupletInputError as e:
         gr.Warning(visitor_part(e))
         yield _outputs(render_gate("", "", "", year_label=label, opened=False, message=visitor_part(e)),
-                       checks_html(None, "；".join(filter(None, [str(e), notice]))), {}, modes_table_html({}), [])
+                       checks_html(None, sentences([str(e), notice])), {}, modes_table_html({}), [])
     except (ValueError, OverflowError) as e:
         gr.Warning("参数有误，请检查后重试。")
         yield _outputs(render_gate("", "", "", year_label=label, opened=False, message="参数有误，请检查后重试。"),
@@ -365,7 +365,7 @@ def build_app() -> gr.Blocks:
     with gr.Blocks(title="开门见喜 · 春联生成终端") as demo:
         unserved = BACKEND.name == "vllm" and not serves_remotely()
         unserved_note = "vLLM 后端只接仅解码器模型；此模型在本进程中运行。" if unserved else ""
-        notices = "；".join(filter(None, [_model_notice, _backend_notice, unserved_note]))
+        notices = sentences([_model_notice, _backend_notice, unserved_note])
         notice = f'<p class="model-notice" role="status">{html.escape(notices)}</p>' if notices else ""
         gr.HTML(f'<header id="masthead"><h1>开门见喜 · 春联生成终端</h1>'
                 f'<p class="on-red">{label} · 输入关键词，看小模型写春联，'
@@ -457,6 +457,11 @@ def build_app() -> gr.Blocks:
                          concurrency_limit=CONCURRENCY, concurrency_id="couplet"
                   ).then(take_home_link, [payload, link_state], take_home_outputs, **private)
     return demo
+
+
+def sentences(parts: list[str]) -> str:
+    """Notices run together as Chinese sentences, each closed once by 。 (empty ones dropped)."""
+    return "".join(p if p.endswith(("。", "！", "？")) else p + "。" for p in parts if p)
 
 
 def launch_kwargs() -> dict:

@@ -1,6 +1,7 @@
 """Per-step decode cost and KV bytes of every mode against `full`, measured in one run as ratios.
 
     python -m couplet.bench --modes all --reps 10
+    python -m couplet.bench --model /tmp/palm-base-shape   # any checkpoint (`--model` as in the CLI)
     python -m couplet.bench serve --visitors 1000     # many visitors through the engine: see couplet.serve_bench
 
 Modes are interleaved phrase by phrase (full, window, …, full, window, …) so machine noise hits them alike;
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from couplet.generate import CoupletRequest, generate
-from couplet.hub import ModelUnavailable
+from couplet.hub import ModelUnavailable, add_model_args
 from couplet.kvcache import MODES, PrefixPool, parse_modes
 from couplet.model import load_model
 from couplet.options import parse_settings
@@ -38,13 +39,18 @@ class BenchConfig:
     device: str | None = None
     threads: int | None = None
     settings: list[str] = field(default_factory=list)
+    model: str | None = None  # None: $COUPLET_MODEL or the embedded
+    weights: str | None = None
 
 
 def main(cfg: BenchConfig) -> dict[str, dict[str, float]]:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     settings = parse_settings(cfg.settings)
-    lm = load_model(None, cfg.device, cfg.dtype)
+    lm = load_model(cfg.model, cfg.device, cfg.dtype, cfg.weights)
+    for m in [m for m in cfg.modes if lm.family.mode_refusal(m)]:  # what this family cannot run, and why
+        print(f"skipped {m}: {lm.family.mode_refusal(m)}")
+        cfg.modes = [x for x in cfg.modes if x != m]
     pool = PrefixPool()
     step_s: dict[str, list[float]] = {m: [] for m in cfg.modes}
     paired: dict[str, list[float]] = {m: [] for m in cfg.modes}  # per round: median step / full's median step
@@ -64,8 +70,8 @@ def main(cfg: BenchConfig) -> dict[str, dict[str, float]]:
                     paired[m].append(statistics.median(round_s[m]) / statistics.median(round_s["full"]))
     base_peak = statistics.fmean(peaks["full"]) if "full" in peaks else None
     out = {}
-    print(f"device {lm.device}, dtype {cfg.dtype}, threads {torch.get_num_threads()}, "
-          f"{cfg.reps} reps x {len(PHRASES)} phrases")
+    print(f"model {lm.source} ({lm.family.name}), device {lm.device}, dtype {cfg.dtype}, "
+          f"threads {torch.get_num_threads()}, {cfg.reps} reps x {len(PHRASES)} phrases")
     print(f"{'mode':<10}{'step ms (median)':>18}{'vs full':>10}{'peak KV bytes':>16}{'vs full':>10}")
     for m in cfg.modes:
         step = statistics.median(step_s[m])
@@ -80,8 +86,7 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
     p = argparse.ArgumentParser(prog="python -m couplet.bench", description=__doc__.split("\n")[0])
     p.add_argument("--modes", default="all", help=f"comma-separated among {','.join(MODES)}, or all")
     p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    p.add_argument("--device", default=None)
+    add_model_args(p, dtype_default="float32")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--set", dest="settings", action="append", default=[], metavar="MODE.FIELD=VALUE")
     a = p.parse_args(argv)
@@ -89,7 +94,7 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
         modes = parse_modes(a.modes)
     except ValueError as e:
         p.error(str(e))
-    return BenchConfig(modes, a.reps, a.dtype, a.device, a.threads, a.settings)
+    return BenchConfig(modes, a.reps, a.dtype, a.device, a.threads, a.settings, a.model, a.weights)
 
 
 if __name__ == "__main__":

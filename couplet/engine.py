@@ -134,8 +134,11 @@ class Engine:
     # ---- the caller's side ----
     def submit(self, request: CoupletRequest, mode: str, prompt: PromptConfig = DEFAULT_PROMPT,
                voice: VoiceConfig = DEFAULT_VOICE, prep: Prepared | None = None) -> Ticket:
-        """Queue one request; raises CoupletInputError for bad input, EngineBusy when the queue is full."""
+        """Queue one request; raises CoupletInputError for bad input, ValueError for a mode this model's family
+        cannot run (the reason in Chinese), EngineBusy when the queue is full."""
         parse_modes([mode], allow_all=False)
+        if (refusal := self.lm.family.mode_refusal(mode)) is not None:
+            raise ValueError(refusal)
         prep = prep or prepare(self.lm, request, prompt, voice)
         total = len(prep.prompt) + 2 * prep.length
         shared = self._shared_prefix(prep.context.house)
@@ -226,15 +229,17 @@ class Engine:
     def _admit(self) -> None:
         """Admit waiting requests in arrival order while their reservation fits; those of one mode and length
         admitted in the same round share a wave. A wave is left-padded to its longest prompt, so each of its
-        rows reserves what its largest row does (padding slots take memory too)."""
-        new: dict[tuple[str, int], list[Ticket]] = {}
+        rows reserves what its largest row does (padding slots take memory too). An encoder–decoder's waves
+        also hold one task."""
+        new: dict[tuple[str, int, bool], list[Ticket]] = {}
+        by_task = self.lm.family.encoder_decoder  # its 对下联 rows feed no 上联: a wave of one task
         while self._waiting:
             t = self._waiting[0]
             if t.cancelled.is_set():
                 self._waiting.popleft()
                 t.events.put(None)
                 continue
-            group = new.setdefault((t.mode, t.prep.length), [])
+            group = new.setdefault((t.mode, t.prep.length, by_task and t.prep.duixia), [])
             before = len(group) * max((g.reserve_prefill for g in group), default=0)
             after = (len(group) + 1) * max([t.reserve_prefill, *(g.reserve_prefill for g in group)])
             if len(group) >= self.config.max_batch or self._reserved + after - before > self.budget:
@@ -243,14 +248,22 @@ class Engine:
             group.append(t)
             t.admitted = time.perf_counter()
             self._reserved += after - before
-        for (mode, _), group in new.items():
+        for (mode, _, _), group in new.items():
             if group:
                 top_prefill = max(t.reserve_prefill for t in group)
                 top_decode = max(t.reserve_decode for t in group)
                 for t in group:
                     t.reserve_prefill, t.reserve_decode = top_prefill, top_decode
                     t.reserved = top_prefill
-                self._waves.append(Wave(Decoding(self.lm, [t.prep for t in group], mode, self.pool), group))
+                try:
+                    decoding = Decoding(self.lm, [t.prep for t in group], mode, self.pool)
+                except Exception as e:  # admitted, so no longer waiting: this wave's visitors hear of it here
+                    for t in group:
+                        self._reserved -= t.reserved
+                        t.reserved = 0
+                        t.events.put(e)
+                    continue
+                self._waves.append(Wave(decoding, group))
         in_flight = sum(len(w.tickets) for w in self._waves)
         self._peak_in_flight = max(self._peak_in_flight, in_flight)
         self._peak_reserved = max(self._peak_reserved, self._reserved)

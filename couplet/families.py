@@ -21,7 +21,12 @@ the same for all: they see token ids, one character per step.
   self-attention; modes that evict (T5's relative position bias counts the keys held) or share a prefix
   (the decoder's prompt is one start token) are refused with the reason.
 
-Other encoder–decoders (ModelScope's PALM, BART) are not wired in yet: `detect` refuses them clearly.
+- `palm` — ModelScope's PALM 2.0, the source article's model (`couplet.palm`: ModelScope's classes, driven by this
+  loop): the encoder reads the keywords (or, for 对下联, the 上联); the decoder writes from `[CLS]` the 上联, `，`
+  and the 下联 (or the 下联 alone). Its positions are absolute sinusoids added before the projections, so every
+  mode that evicts works on its decoder cache; prefix sharing is refused (the decoder's prompt is one token).
+
+Other encoder–decoders (BART, mBART) are not wired in yet: `detect` refuses them clearly.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from couplet.text import is_han
 from couplet.tokenizer import LENGTH_TAGS, MID, SEP, FormatIds, prompt_ids
 
 EMPTY_CONTEXT = Context((), ())
-ENCODER_DECODERS = ("bart", "mbart", "palm")  # encoder–decoders other than T5: not wired in
+ENCODER_DECODERS = ("bart", "mbart")  # encoder–decoders other than T5 and PALM: not wired in
 
 
 @dataclass(frozen=True)
@@ -53,7 +58,7 @@ class Family:
     line_break: tuple[int, ...]  # fed with the last 上联 character
     uses_context: bool  # house prefix and exemplars in the prompt
     byte_level: bool = False  # a byte-level BPE vocabulary: token text is decoded (`LoadedModel.vocab`)
-    encoder_decoder: bool = False  # the 上联 goes to an encoder; the decoder writes the 下联 only
+    encoder_decoder: bool = False  # the input goes to an encoder; the decoder writes the lines (T5, PALM)
 
     def context(self, query: str, length: int, cfg: PromptConfig = DEFAULT_PROMPT) -> Context:
         return build_context(self.tokenizer, query, length, cfg) if self.uses_context else EMPTY_CONTEXT
@@ -146,36 +151,56 @@ class ChatFamily(Family):
 
 @dataclass(frozen=True)
 class Seq2SeqCoupletFamily(Family):
-    """T5 couplet models (shibing624/t5-chinese-couplet: `AutoModelForSeq2SeqLM`, input `对联：` + 上联): the
-    encoder reads the 上联, the decoder writes the 下联 from its start token. The modes compress the decoder's
-    self-attention cache (inside transformers' `EncoderDecoderCache`); the cross-attention keys and values
-    are computed once from the encoder, kept at full precision and never evicted."""
+    """Encoder–decoders. T5 couplet models (shibing624/t5-chinese-couplet: `AutoModelForSeq2SeqLM`, input
+    `对联：` + 上联): the encoder reads the 上联, the decoder writes the 下联 from its start token. PALM
+    (`palm_family`) also writes both lines from keywords. The modes compress the decoder's self-attention
+    cache (inside transformers' `EncoderDecoderCache`); the cross-attention keys and values are computed once
+    from the encoder, kept at the model's precision and never evicted."""
 
     start: int = 0  # decoder_start_token_id
     prefix: str = "对联："
+    absolute_positions: bool = False  # positions added before the projections (PALM): eviction is safe
 
     def prompt(self, keywords: str, length: int, context: Context, upper: str = "") -> tuple[list[int], list[int]]:
         return [self.start], []
 
-    def encoder_ids(self, upper: str) -> list[int]:
-        return list(self.tokenizer(self.prefix + upper)["input_ids"])
+    def encoder_ids(self, text: str) -> list[int]:
+        """What the encoder reads: the 上联 (对下联), or the keywords where the family writes both lines."""
+        return list(self.tokenizer(self.prefix + text)["input_ids"])
 
     def mode_refusal(self, mode: str) -> str | None:
         from couplet.kvcache import make_mode
 
         parts = make_mode(mode).compose()
-        if parts.retention is not None:
+        if parts.retention is not None and not self.absolute_positions:
             return (f"{self.label_zh}不支持「{mode}」：T5 的相对位置偏置按缓存里的键数计算，逐出之后位置就对不上了；"
                     "请用不逐出的模式（full、int8、int4）。")
+        if parts.retention is not None and parts.retention.prefill_only:
+            return (f"{self.label_zh}不支持「{mode}」：它只压缩提示，而解码器的提示只有一个起始符，没有可压缩的"
+                    "（输入在编码器里）；逐字压缩请用 window 或 selective。")
         if parts.sharing is not None:
-            return (f"{self.label_zh}不支持「{mode}」：解码器的提示只有一个起始符，没有可以跨访客共享的前缀"
-                    "（上联在编码器里）。")
+            return (f"{self.label_zh}不支持「{mode}」：解码器的提示只有一个起始符，没有可以跨访客共享的前缀；"
+                    "而且解码器的键值还取决于编码器读到的输入，两位访客即使前缀相同，键值也不同。")
         return None
 
     def task_refusal(self, task: str) -> str | None:
-        if task != "duixia":
+        if task != "duixia" and not self.line_break:
             return f"{self.label_zh}只会对下联：请在「对下联」里给出 5 或 7 字的上联。"
         return None
+
+
+PALM_LABEL = "PALM 2.0（ModelScope）"
+
+
+def palm_family(tokenizer: PreTrainedTokenizerBase, start: int) -> Seq2SeqCoupletFamily:
+    """ModelScope's PALM (`couplet.palm`): a BERT encoder reads the keywords or the 上联, no task prefix; the
+    decoder writes from `start` ([CLS]), with `，` between the lines when it writes both. Every mode but prefix
+    sharing runs on its decoder's cache (absolute positions: eviction is safe)."""
+    vocab = tokenizer.get_vocab()
+    pad, unk = _pad_unk(tokenizer, fallback=0)
+    brk = (vocab["，"],) if "，" in vocab else ()  # without it: 对下联 only (task_refusal)
+    return Seq2SeqCoupletFamily("palm", PALM_LABEL, tokenizer, pad, unk, brk, False, False, True, start=start,
+                                prefix="", absolute_positions=True)
 
 
 def parse_reply(text: str) -> tuple[str, str, str]:
@@ -208,6 +233,8 @@ def detect(tokenizer: PreTrainedTokenizerBase, model_type: str, decoder_start: i
         pad = vocab.get("[PAD]", vocab["[UNK]"])
         return Gpt2CoupletFamily("gpt2-couplet", "GPT-2 对联模型（[CLS] 上联 - 下联）", tokenizer, pad, vocab["[UNK]"],
                                  (vocab["-"],), False, cls=vocab["[CLS]"])
+    if model_type == "palm":
+        return palm_family(tokenizer, decoder_start)
     # a hub tokenizer's own pad and unknown ids; byte-level BPE when no Han character is a token as it is
     byte_level = not any(len(t) == 1 and is_han(t) for t in vocab)
     if model_type in ("t5", "mt5"):
@@ -219,9 +246,10 @@ def detect(tokenizer: PreTrainedTokenizerBase, model_type: str, decoder_start: i
         return ChatFamily("chat", "对话模型（chat template）", tokenizer, pad, unk,
                           tuple(tokenizer.encode("\n下联：", add_special_tokens=False)), True, byte_level)
     raise UnsupportedFamily(
-        f"模型族「{model_type}」暂不支持：本项目能用本项目春联格式、GPT-2 对联模型（BERT 词表）、带对话模板的模型和 T5 "
-        f"对联模型。 (model family {model_type!r} is not wired in yet: supported are this project's couplet "
-        "format, GPT-2 couplet models with a BERT vocabulary, models with a chat template, and T5 couplet models)")
+        f"模型族「{model_type}」暂不支持：本项目能用本项目春联格式、GPT-2 对联模型（BERT 词表）、带对话模板的模型、T5 "
+        f"对联模型和 PALM 2.0。 (model family {model_type!r} is not wired in yet: supported are this project's couplet "
+        "format, GPT-2 couplet models with a BERT vocabulary, models with a chat template, T5 couplet models and "
+        "ModelScope's PALM 2.0)")
 
 
 def _pad_unk(tokenizer: PreTrainedTokenizerBase, fallback: int) -> tuple[int, int]:

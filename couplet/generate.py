@@ -182,13 +182,18 @@ class Decoding:
                                            p.lower_end, [line for pair in p.context.exemplars for line in pair])
                             for p in preps]
         self.keyword_positions = [list(p.keyword_positions) for p in preps]
-        # an encoder–decoder reads the given 上联 in its encoder: its decoder writes the 下联 only
+        # An encoder–decoder reads its input (keywords, or 对下联's 上联) in its encoder; for 对下联 its decoder
+        # writes the 下联 only, the given 上联 never fed.
         self.encoder_decoder = lm.family.encoder_decoder
-        self.lines = [[p.keywords.text if self.encoder_decoder else "", ""] for p in preps]
+        tasks = {p.duixia for p in preps}
+        if self.encoder_decoder and len(tasks) != 1:
+            raise ValueError("an encoder–decoder batch holds one task (对下联 or keywords)")
+        self.lower_only = self.encoder_decoder and tasks == {True}
+        self.lines = [[p.keywords.text if self.lower_only else "", ""] for p in preps]
         self.records: list[list[StepRecord]] = [[] for _ in preps]
         self.seconds = 0.0
         self.logits: torch.Tensor | None = None  # (batch, vocab): each row's next-token distribution
-        self._next = (1, 0) if self.encoder_decoder else (0, 0)  # (line, position) the next step writes
+        self._next = (1, 0) if self.lower_only else (0, 0)  # (line, position) the next step writes
 
     @property
     def done(self) -> bool:
@@ -203,7 +208,7 @@ class Decoding:
             # every token fed: the prompt, 上联 + <mid>, 下联 but its last character; retention budgets are a
             # share of this whole length (a fixed per-request cap), not of the tokens seen so far
             brk = len(self.lm.family.line_break)
-            fed = self.length - 1 if self.encoder_decoder else 2 * self.length + brk - 1
+            fed = self.length - 1 if self.lower_only else 2 * self.length + brk - 1
             self.session.expect([len(p.prompt) + fed for p in self.preps])
             if self.encoder_decoder:
                 self._encode()
@@ -219,7 +224,8 @@ class Decoding:
             return self._progress(0, [""] * len(self.preps), t0)
 
     def _encode(self) -> None:
-        """The encoder's outputs for every row's 上联 (right-padded; the mask hides the padding)."""
+        """The encoder's outputs for every row's input — its 上联 or keywords (right-padded; the mask hides the
+        padding)."""
         family = self.lm.family
         assert hasattr(family, "encoder_ids")
         rows = [family.encoder_ids(p.keywords.text) for p in self.preps]

@@ -26,6 +26,7 @@ from transformers.utils import logging as hf_logging
 
 from couplet.families import Family, UnsupportedFamily, detect
 from couplet.hub import WEIGHTS, ModelUnavailable, resolve
+from couplet.palm import is_palm, load_palm
 from couplet.text import visitor_part
 from couplet.tokenizer import FormatIds
 from couplet.vocab import CharVocab
@@ -117,7 +118,8 @@ class LoadedModel:
 
 def load_model(name: str | None = None, device: str | None = None, dtype: str | None = None,
                weights: str | None = None) -> LoadedModel:
-    """Load a causal LM and its tokenizer. Defaults: CUDA if present, bfloat16 on CUDA, float32 on CPU.
+    """Load a model and its tokenizer (a causal LM, a T5 through transformers' Auto classes, or PALM through
+    ModelScope's, `couplet.palm`). Defaults: CUDA if present, bfloat16 on CUDA, float32 on CPU.
     `weights`: int8 or nf4 through bitsandbytes (CUDA only). Raises ModelUnavailable when the model cannot
     be fetched or does not speak the couplet format, ValueError for a bad option."""
     device = device or default_device()
@@ -127,6 +129,10 @@ def load_model(name: str | None = None, device: str | None = None, dtype: str | 
     quant = quantization_config(weights, device, DTYPES[dtype_name])
     hf_logging.disable_progress_bar()  # no loading bars in the CLI's output or the app's logs
     source = resolve_source(name)
+    if is_palm(source):  # ModelScope's PALM: its own classes, not transformers' Auto ones (`couplet.palm`)
+        palm, tokenizer = load_palm(source, device, DTYPES[dtype_name], weights)
+        family = detect(tokenizer, "palm", palm.config.decoder_start_token_id)
+        return LoadedModel(palm, tokenizer, source, device, DTYPES[dtype_name], family)  # type: ignore[arg-type]
     tokenizer = AutoTokenizer.from_pretrained(source)
     config = AutoConfig.from_pretrained(source)
     try:  # before the weights: a family we cannot prompt is refused at once

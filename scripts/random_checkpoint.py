@@ -3,6 +3,8 @@ at a realistic scale without a download (its couplets are well-formed by the con
 
     python scripts/random_checkpoint.py --shape qwen2.5-0.5b --out /tmp/qwen-0.5b-shape
     python -m couplet.bench serve --model /tmp/qwen-0.5b-shape --device cuda --visitors 1000
+    python scripts/random_checkpoint.py --shape palm2.0-base --out /tmp/palm-base-shape   # ModelScope's PALM layout
+    python -m couplet.bench --model /tmp/palm-base-shape --modes all --reps 2
 """
 
 from __future__ import annotations
@@ -27,13 +29,27 @@ SHAPES = {
 }
 
 
+PALM = "palm2.0-base"  # PALM's base size (`couplet.palm.BASE_SHAPE`), the vocabulary our Han characters
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
+    p.add_argument("--shape", choices=sorted([*SHAPES, PALM]), default="qwen2.5-0.5b")
     p.add_argument("--out", required=True)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     tok = AutoTokenizer.from_pretrained(EMBEDDED_MODEL)
+    if args.shape == PALM:
+        from couplet.palm import BASE_SHAPE, save_random_palm
+        from couplet.text import is_han
+
+        chars = sorted(t for t in tok.get_vocab() if len(t) == 1 and is_han(t))
+        save_random_palm(args.out, chars, BASE_SHAPE, args.seed)
+        state = torch.load(Path(args.out) / "pytorch_model.bin", weights_only=True)
+        n = sum({t.data_ptr(): t.numel() for t in state.values()}.values())  # tied tensors once
+        print(f"{args.shape}: {n / 1e6:.0f}M values in the checkpoint ({len(chars)} characters), "
+              f"{BASE_SHAPE['dec_layers']} decoder layers x {BASE_SHAPE['dec_hidden_size']} -> {args.out}")
+        return 0
     config = Qwen2Config(vocab_size=len(tok.get_vocab()), max_position_embeddings=2048, tie_word_embeddings=True,
                          bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                          **SHAPES[args.shape])

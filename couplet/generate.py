@@ -282,7 +282,8 @@ class Decoding:
         self.seconds += seconds
         out = []
         for r, s in enumerate(self.session.stats_per_row()):
-            computed = 0 if self.done else self.session.rows[r].fed
+            row = self.session.rows[r]  # the prefill's tokens include the pool blocks computed for it
+            computed = 0 if self.done else row.fed + (row.pooled_computed if step == 0 else 0)
             rec = StepRecord(self.mode, step, chars[r], s.logical_length, s.stored_tokens, s.kv_bytes,
                              s.shared_bytes, s.full_equivalent_bytes, alloc, peak, seconds, computed)
             self.records[r].append(rec)

@@ -1,6 +1,8 @@
 """A lossy prefix pool (`combo`: prompt blocks stored at int4/int8) must not make results depend on what the
 pool held: cold, warm, a partial match, a longer prompt's chain, a pool too small for the prompt — the same
-request gives bit-identical logits, the pool ends up holding the same bits, and every reference is released."""
+request gives bit-identical logits, the pool ends up holding the same bits, and every reference is released.
+A batch whose rows' missing blocks are computed together (one forward per chain depth) gives the same up to
+float rounding (a rounding difference may cross a quantization level) and the same greedy tokens."""
 
 from __future__ import annotations
 
@@ -34,6 +36,17 @@ def assert_identical(a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
     assert len(a) == len(b)
     for step, (x, y) in enumerate(zip(a, b, strict=True)):
         assert x.shape == y.shape and torch.equal(x, y), (step, (x - y).abs().max() if x.shape == y.shape else None)
+
+
+def assert_same_up_to_rounding(a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
+    """Batched block computation: CPU kernels may sum in another order at another batch shape (~1e-7), and a
+    value that sits on a quantization boundary can then round to the neighbouring level: logits move by far
+    less than a greedy margin, and the tokens stay the same."""
+    assert len(a) == len(b)
+    for step, (x, y) in enumerate(zip(a, b, strict=True)):
+        assert x.shape == y.shape, step
+        torch.testing.assert_close(x, y, atol=1e-3, rtol=0)
+        assert torch.equal(x[:, -1].argmax(-1), y[:, -1].argmax(-1)), step  # the same greedy path
 
 
 def payloads(pool: PrefixPool) -> dict[bytes, list[torch.Tensor]]:
@@ -76,7 +89,8 @@ def test_lossy_pool_results_do_not_depend_on_pool_state(tiny_causal_lm, mode: st
 @pytest.mark.parametrize("mode, options", LOSSY)
 def test_lossy_pool_batches_do_not_depend_on_pool_state(tiny_causal_lm, mode: str, options: dict) -> None:
     """Left-padded rows with different numbers of whole blocks: rows beyond the common prefix hold their pool
-    blocks as private slots, so a batch too gives the same bits at any pool state."""
+    blocks as private slots, so a batch too gives the same logits at any pool state (bit for bit when the
+    pool's blocks were computed by this same batch; up to rounding when lone requests computed them)."""
     model = tiny_causal_lm
     prompts = [PROMPT, [1, 9, 33, 4, 27], PROMPT[:4] + [50, 51, 52]]
     pool = PrefixPool()
@@ -84,8 +98,28 @@ def test_lossy_pool_batches_do_not_depend_on_pool_state(tiny_causal_lm, mode: st
     assert_identical(run(model, mode, options, pool, prompts), cold)
     partial = PrefixPool()
     run(model, mode, options, partial, [PROMPT[:6] + [60]])
-    assert_identical(run(model, mode, options, partial, prompts), cold)
+    assert_same_up_to_rounding(run(model, mode, options, partial, prompts), cold)
     alone = PrefixPool()
     for p in prompts:
         run(model, mode, options, alone, [p])
-    assert_identical(run(model, mode, options, alone, prompts), cold)
+    assert_same_up_to_rounding(run(model, mode, options, alone, prompts), cold)
+
+
+def test_the_prefill_counts_the_pool_blocks_it_computed(tiny_lm) -> None:
+    """`computed_tokens` of a cold `combo` prefill is the whole prompt: the missing blocks computed into the
+    pool before the prefill count too (they did not, and the serve benchmark reported 2% of prefill tokens
+    computed where 19% were). Warm, only the tail past the last whole block is computed. A wave of rows
+    with the same prompt computes each block once."""
+    from couplet.generate import CoupletRequest, Decoding, generate, prepare
+
+    pool = PrefixPool()
+    prep = prepare(tiny_lm, CoupletRequest("春风"))
+    cold = generate(tiny_lm, CoupletRequest("春风"), "combo", pool)
+    assert cold.steps[0].computed_tokens == len(prep.prompt)
+    warm = generate(tiny_lm, CoupletRequest("春风"), "combo", pool)
+    block = make_mode("combo").compose().sharing.block_size
+    assert 0 < warm.steps[0].computed_tokens <= block
+    decoding = Decoding(tiny_lm, [prep, prep, prep], "combo", PrefixPool())
+    first = decoding.prefill()
+    decoding.close()
+    assert sum(p.record.computed_tokens for p in first) == len(prep.prompt) + 2 * (len(prep.prompt) % block or block)

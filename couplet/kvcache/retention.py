@@ -113,6 +113,7 @@ class RowState:
 
     seen: int = 0  # real tokens so far: the next logical position
     fed: int = 0  # real tokens the last forward computed (a pool hit computes only the rest of the prompt)
+    pooled_computed: int = 0  # prompt tokens computed into pool blocks for this row before its prefill (lossy)
     prompt: int = 0  # real tokens of the first forward
     valid: list[bool] = field(default_factory=list)  # per owned slot: holds a real token (not padding/filler)
     protected: list[int] = field(default_factory=list)  # logical positions to keep (`ModeSession.protect`)

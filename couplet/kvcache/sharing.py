@@ -6,9 +6,11 @@ blocks of `block_size` tokens keyed by a hash chain (`pool.py`), immutable, refe
 A lossless codec (`shared`: full precision) publishes blocks from the prefill's own rows. A lossy codec
 (`combo`'s int4/int8 blocks) never does: a block's keys/values would depend on whether the tokens before it
 were attended at full precision (same forward) or dequantized (from the pool). So every missing block is
-first computed on its own against the blocks before it as the pool stores them (`_complete_chain`), then
+first computed on its own against the blocks before it as the pool stores them (`_complete_chains`), then
 published, and the rest of the prompt runs against the pooled prefix — on a miss, a partial or a full hit
-alike, so results do not depend on the pool's state (bit for bit).
+alike, so results do not depend on the pool's state: bit for bit for a lone request; up to float rounding
+(~1e-7, the same greedy tokens) where a wave's rows computed their missing blocks in one batched forward,
+as batching rows always allows.
 """
 
 from __future__ import annotations
@@ -74,11 +76,10 @@ class Sharing:
         self._finalizer = weakref.finalize(s, _release_all, self.pool, self.blocks)  # released whatever happens
         # Leave at least one token to compute: its logits are the first next-token distribution.
         attach = [(len(prompt) - 1) // bs for prompt in self._prompts]
-        chains: list[list[tuple]] = []  # lossy: per row, every whole block's payload (pooled or private)
         for r in range(b):
             self.blocks[r].extend(self.pool.acquire_prefix(self._keys[r][: attach[r]]))
-            if not self.codec.lossless:
-                chains.append(self._complete_chain(s, r))
+        # lossy: per row, every whole block's payload (pooled or private)
+        chains = [] if self.codec.lossless else self._complete_chains(s)
         common = min(min(len(blocks), n) for blocks, n in zip(self.blocks, attach, strict=True))
         extra = [chain[common:n] for chain, n in zip(chains, attach, strict=True)] if chains else []
         self._keep_common(common)
@@ -100,7 +101,7 @@ class Sharing:
 
     def publish(self, s: ModeSession, positions: list[list[int]]) -> None:
         """After the first forward: reference the blocks every row has in the pool — lossless codec: inserting
-        this prompt's new whole blocks from the rows the prefill stored; lossy: only blocks `_complete_chain`
+        this prompt's new whole blocks from the rows the prefill stored; lossy: only blocks `_complete_chains`
         put there, so the pool never holds a block computed any other way —, drop those tokens from the owned
         slots, and seal the rest of the prompt (the prompt is kept in the pool's format wherever it lives)."""
         cache, bs = self._cache(s), self.block_size
@@ -148,46 +149,68 @@ class Sharing:
             self.pool.release(row[common:])
             del row[common:]  # in place: the finalizer holds these lists
 
-    def _complete_chain(self, s: ModeSession, r: int) -> list[tuple]:
-        """Lossy codec: make sure row `r`'s every whole prompt block is in the pool, computing the missing ones
-        canonically (`_compute_block`), and return the payloads of all of them in chain order. Once the pool
-        refuses one (byte budget), it and the blocks after it stay private to the request (same payloads).
-        Costs one forward of `block_size` tokens per block computed (misses only): a single forward over all
-        the missing blocks would make the pool's blocks depend on where the last hit ended."""
-        chain = [blk.payload for blk in self.blocks[r]]
-        pooled = True  # the chain is still unbroken in the pool
-        for j in range(len(chain), len(self._keys[r])):
-            block = self.pool.reference(self._keys[r][j]) if pooled else None
-            if block is None:
-                payload = self._compute_block(s, self._prompts[r][j * self.block_size:(j + 1) * self.block_size],
-                                              chain)
-                if pooled:
-                    block = self._insert(r, j, payload)
-                    pooled = block is not None
-            if block is not None:
-                self.blocks[r].append(block)
-                payload = block.payload  # another request may have inserted it first: the same values
-            chain.append(payload)
-        return chain
+    def _complete_chains(self, s: ModeSession) -> list[list[tuple]]:
+        """Lossy codec: make sure every row's every whole prompt block is in the pool, computing the missing
+        ones canonically (`_compute_blocks`), and return each row's payloads of all of them in chain order.
+        Once the pool refuses one of a row's blocks (byte budget), it and the blocks after it stay private to
+        the request (same payloads).
 
-    def _compute_block(self, s: ModeSession, tokens: list[int], chain: list[tuple]) -> tuple:
-        """One block's payload (per layer): `tokens` fed alone (batch 1) at logical positions len(chain) *
-        block_size onwards, attending to the blocks before it decoded from `chain` — exactly the forward a
-        request computes after a pool hit on those blocks, so both give the same bits."""
-        start = len(chain) * self.block_size
+        The rows advance together, one chain depth at a time: at depth j every row still short of its chain
+        either finds block j in the pool or needs it computed, and the blocks needed are computed in one
+        batched forward, each distinct key once (rows with the same key have the same prefix: the same
+        payload). A wave of cold rows thus costs one forward per depth, not one per block per row — on a
+        cold burst the block-by-block loop was most of `combo`'s time. A single forward over a row's run of
+        missing blocks would instead make the pool's blocks depend on where the last hit ended."""
+        chains = [[blk.payload for blk in row] for row in self.blocks]
+        pooled = [True] * len(chains)  # per row: its chain is still unbroken in the pool
+        while todo := [r for r, chain in enumerate(chains) if len(chain) < len(self._keys[r])]:
+            j = min(len(chains[r]) for r in todo)
+            need: dict[bytes, list[int]] = {}  # key → the rows whose block j it is and the pool lacks
+            for r in (r for r in todo if len(chains[r]) == j):
+                block = self.pool.reference(self._keys[r][j]) if pooled[r] else None
+                if block is not None:
+                    self.blocks[r].append(block)
+                    chains[r].append(block.payload)
+                else:
+                    need.setdefault(self._keys[r][j], []).append(r)
+            if not need:
+                continue
+            firsts = [rows[0] for rows in need.values()]
+            payloads = self._compute_blocks(
+                s, [self._prompts[r][j * self.block_size:(j + 1) * self.block_size] for r in firsts],
+                [chains[r] for r in firsts])
+            for rows, payload in zip(need.values(), payloads, strict=True):
+                s.rows[rows[0]].pooled_computed += self.block_size  # computed once, for the first row needing it
+                for r in rows:
+                    block = self._insert(r, j, payload) if pooled[r] else None
+                    pooled[r] = block is not None
+                    if block is not None:
+                        self.blocks[r].append(block)
+                        payload = block.payload  # another request may have inserted it first: the same values
+                    chains[r].append(payload)
+        return chains
+
+    def _compute_blocks(self, s: ModeSession, tokens: list[list[int]], chains: list[list[tuple]]) -> list[tuple]:
+        """Blocks' payloads (per layer), one per row of one batched forward: row i's `tokens[i]` at logical
+        positions len(chains[i]) * block_size onwards (every chain has the same length), attending to the
+        blocks before it decoded from `chains[i]` — exactly the forward a request computes after a pool hit on
+        those blocks, so both give the same values."""
+        start = len(chains[0]) * self.block_size
         scratch = CompressedCache(self._cache(s).geometry, PlainStore, track_positions=False)
-        if chain:
+        if start:
             for i, layer in enumerate(scratch.compressed):
-                layer.set_prefix([[payload[i] for payload in chain]], self.codec, start)
+                layer.set_prefix([[payload[i] for payload in chain] for chain in chains], self.codec, start)
         scratch.meta.columns = start
-        pos = torch.arange(start, start + len(tokens), dtype=torch.int32, device=s.device)[None]
+        pos = torch.arange(start, start + self.block_size, dtype=torch.int32, device=s.device)
+        pos = pos[None].expand(len(tokens), -1).contiguous()
         scratch.begin(pos, None)
         decoder = getattr(s.model, "base_model", s.model)  # the keys/values only: no LM head
         with recording(None):
-            decoder(input_ids=torch.tensor([tokens], device=s.device), attention_mask=None,
+            decoder(input_ids=torch.tensor(tokens, device=s.device), attention_mask=None,
                     position_ids=pos.long(), cache=scratch, use_cache=True)
         own = [layer.store.kv() for layer in scratch.compressed]
-        return tuple(self.codec.encode(kv[0][0], kv[1][0]) for kv in own if kv is not None)
+        return [tuple(self.codec.encode(kv[0][r], kv[1][r]) for kv in own if kv is not None)
+                for r in range(len(tokens))]
 
     def _load_private(self, s: ModeSession, extra: list[list[tuple]], m: int) -> None:
         """Rows whose whole blocks go beyond the common prefix `m` hold them as owned slots, in the store's own

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from couplet.kvcache import PrefixPool, make_mode
+from couplet.kvcache.pool import chain_keys
 
 torch.set_num_threads(1)
 
@@ -105,21 +106,31 @@ def test_lossy_pool_batches_do_not_depend_on_pool_state(tiny_causal_lm, mode: st
     assert_same_up_to_rounding(run(model, mode, options, alone, prompts), cold)
 
 
-def test_the_prefill_counts_the_pool_blocks_it_computed(tiny_lm) -> None:
-    """`computed_tokens` of a cold `combo` prefill is the whole prompt: the missing blocks computed into the
-    pool before the prefill count too (they did not, and the serve benchmark reported 2% of prefill tokens
-    computed where 19% were). Warm, only the tail past the last whole block is computed. A wave of rows
-    with the same prompt computes each block once."""
+@pytest.mark.parametrize("mode", ["shared", "combo"])
+def test_the_prefill_counts_the_pool_blocks_it_computed(tiny_lm, mode: str) -> None:
+    """`computed_tokens` of a cold prefill is the whole prompt: the missing blocks computed into the pool
+    before the prefill count too (they did not, and the serve benchmark reported 2% of `combo`'s prefill
+    tokens computed where 19% were). Warm, only the tail past the last whole block is computed. A wave
+    computes each distinct block once: rows with the same prompt, or with different keywords after the
+    same house prefix, share what they have in common."""
     from couplet.generate import CoupletRequest, Decoding, generate, prepare
 
     pool = PrefixPool()
     prep = prepare(tiny_lm, CoupletRequest("春风"))
-    cold = generate(tiny_lm, CoupletRequest("春风"), "combo", pool)
+    cold = generate(tiny_lm, CoupletRequest("春风"), mode, pool)
     assert cold.steps[0].computed_tokens == len(prep.prompt)
-    warm = generate(tiny_lm, CoupletRequest("春风"), "combo", pool)
-    block = make_mode("combo").compose().sharing.block_size
+    warm = generate(tiny_lm, CoupletRequest("春风"), mode, pool)
+    block = make_mode(mode).compose().sharing.block_size
     assert 0 < warm.steps[0].computed_tokens <= block
-    decoding = Decoding(tiny_lm, [prep, prep, prep], "combo", PrefixPool())
+    preps = [prep, prep, prepare(tiny_lm, CoupletRequest("万象更新")), prepare(tiny_lm, CoupletRequest("五福临门"))]
+    keys = [chain_keys("", p.prompt, block) for p in preps]
+    distinct = len({k for row in keys for k in row})
+    assert distinct < sum(len(row) for row in keys) - len(keys[0])  # the house prefix is common to all
+    decoding = Decoding(tiny_lm, preps, mode, PrefixPool())
     first = decoding.prefill()
     decoding.close()
-    assert sum(p.record.computed_tokens for p in first) == len(prep.prompt) + 2 * (len(prep.prompt) % block or block)
+    tails = sum(len(p.prompt) - block * ((len(p.prompt) - 1) // block) for p in preps)  # fed by the prefill
+    assert sum(p.record.computed_tokens for p in first) == block * distinct + tails
+    with make_mode(mode).new_session(tiny_lm.model, pool=PrefixPool()) as alone:  # a row as it would alone
+        ref = alone.forward(torch.tensor([preps[2].prompt]))[:, -1]
+    assert_same_up_to_rounding([decoding.logits[2:3, None]], [ref[:, None]])

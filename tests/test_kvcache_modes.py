@@ -132,28 +132,31 @@ def test_unlimited_budget_reproduces_full_exactly(tiny_causal_lm, mode: str) -> 
 
 
 def test_shared_reproduces_full_at_any_pool_state(tiny_causal_lm) -> None:
-    """Cold pool: the same forwards as `full`, so bitwise equal. Warm pool / partial prefix: the prefix KV
-    comes from another forward and only the suffix is computed (a split prefill), and float matmuls block
-    differently for a different number of rows, so last-bit differences are possible: tight allclose and
-    identical greedy tokens."""
+    """A prompt's whole blocks are always attended from the pool (`Sharing._complete_chains` computes the
+    missing ones first), so the same prompt gives the same bits on a cold and a warm pool; against `full`'s
+    one-forward prefill, and where a partial match attends blocks computed in another request's forward,
+    matmuls block differently for a different number of rows: tight allclose and identical greedy tokens."""
     pool = PrefixPool()
     ref_tokens, ref_logits = reference(tiny_causal_lm, PROMPT, 8)
     with make_mode("shared", block_size=2).new_session(tiny_causal_lm, pool=pool) as session:  # cold
-        tokens, logits = greedy(session, PROMPT, 8)
-    assert tokens == ref_tokens and all(torch.equal(a, b) for a, b in zip(logits, ref_logits, strict=True))
-    assert len(pool) == len(PROMPT) // 2
-    snapshot = {key: [t.clone() for p in blk.payload for t in p] for key, blk in pool._blocks.items()}
-    # warm: all but the last block
-    with make_mode("shared", block_size=2).new_session(tiny_causal_lm, pool=pool) as session:
-        tokens, logits = greedy(session, PROMPT, 8)
-        assert session.stats().shared_bytes > 0 and session.cache.layers[0].prefix_len == len(PROMPT)
+        tokens, cold = greedy(session, PROMPT, 8)
+        assert session.cache.layers[0].prefix_len == len(PROMPT)  # every whole block, computed into the pool
     assert tokens == ref_tokens
-    assert all(torch.allclose(a, b, atol=1e-5, rtol=0) for a, b in zip(logits, ref_logits, strict=True))
+    assert all(torch.allclose(a, b, atol=1e-5, rtol=0) for a, b in zip(cold, ref_logits, strict=True))
+    assert len(pool) == len(PROMPT) // 2 and pool.total_refs() == 0
+    snapshot = {key: [t.clone() for p in blk.payload for t in p] for key, blk in pool._blocks.items()}
+    with make_mode("shared", block_size=2).new_session(tiny_causal_lm, pool=pool) as session:  # warm
+        tokens, warm = greedy(session, PROMPT, 8)
+        assert session.stats().shared_bytes > 0 and session.cache.layers[0].prefix_len == len(PROMPT)
+    assert tokens == ref_tokens and all(torch.equal(a, b) for a, b in zip(warm, cold, strict=True))
     other = PROMPT[:4] + [50, 51, 52]  # partial match: the first two blocks only
     ref_tokens, ref_logits = reference(tiny_causal_lm, other, 8)
+    with make_mode("shared", block_size=2).new_session(tiny_causal_lm, pool=PrefixPool()) as session:
+        _, alone = greedy(session, other, 8)  # the same prompt on a cold pool of its own
     with make_mode("shared", block_size=2).new_session(tiny_causal_lm, pool=pool) as session:
         tokens, logits = greedy(session, other, 8)
     assert tokens == ref_tokens
+    assert all(torch.allclose(a, b, atol=1e-5, rtol=0) for a, b in zip(logits, alone, strict=True))
     assert all(torch.allclose(a, b, atol=1e-5, rtol=0) for a, b in zip(logits, ref_logits, strict=True))
     assert pool.hits >= len(PROMPT) // 2 - 1 + 2 and pool.total_refs() == 0
     for key, tensors in snapshot.items():  # blocks are never mutated
@@ -180,6 +183,39 @@ def test_positions_after_eviction_match_manual_recomputation(arch: str) -> None:
         model(ids, position_ids=torch.tensor([kept]), cache=cache, use_cache=True)
         manual = model(torch.tensor([[21]]), position_ids=torch.tensor([[8]]), cache=cache).logits[:, -1]
     assert torch.allclose(logits, manual, atol=1e-5, rtol=0)
+
+
+COMPRESSED = [m for m in MODES if m != "full"]
+
+
+@pytest.mark.parametrize("pool_bytes", [64 * 2**20, 0])  # a pool with room, and one refusing every block
+@pytest.mark.parametrize("mode", COMPRESSED)
+def test_the_prefill_holds_no_more_than_the_engine_reserves(tiny_causal_lm, mode: str, pool_bytes: int) -> None:
+    """What the engine admits by (`owned_peak_bytes`, during the prefill) bounds what a cold request owns at
+    the peak of its first forward: every layer's new rows stored, none yet quantized or evicted (measured
+    as the last layer's store returns). With a pool, only the tail past the last whole block is held at
+    full precision — the whole blocks are in the pool or, refused, owned in the store's format."""
+    from couplet.kvcache.layer import KVGeometry
+
+    prompt = LONG_PROMPT
+    bound, _ = make_mode(mode).compose().owned_peak_bytes(len(prompt), len(prompt) + 4,
+                                                          KVGeometry.of(tiny_causal_lm))
+    with make_mode(mode).new_session(tiny_causal_lm, pool=PrefixPool(pool_bytes)) as session:
+        last, held = session.cache.compressed[-1], []
+        update = last.store.update
+
+        def measured(*args, **kwargs):  # instrumentation of the real store, not a stand-in
+            out = update(*args, **kwargs)
+            held.append(session.cache.kv_nbytes())
+            return out
+
+        last.store.update = measured
+        session.expect([len(prompt) + 4])
+        session.forward(torch.tensor([prompt]))
+    full_prompt = len(prompt) * KVGeometry.of(tiny_causal_lm).token_bytes
+    assert held and 0 < held[-1] <= bound <= full_prompt
+    if make_mode(mode).compose().sharing is not None and MODE_INFO[mode].byte_target < 1.0:
+        assert bound <= full_prompt / 2  # a quantized pool mode admits a prefill at a fraction of the prompt
 
 
 @pytest.mark.parametrize("mode", BUDGETED)

@@ -77,25 +77,32 @@ class Composition:
         from then on). What a serving engine admits by. `shared_prefix`: the prompt tokens every request in a
         batch shares (the house prefix); None: all of them (a request alone).
 
-        The prefill may hold every prompt token at full precision until the forward ends (a cold pool: the
-        rows own their prompt until it is published; a store quantizes, a retention policy evicts, after the
-        forward); from then on a request holds what its retention keeps (budget, or the forced tokens if
-        more) plus up to 2 tokens fed before the next eviction, less the whole blocks of the shared prefix
-        (a batch references only the blocks all its rows have), at its storage format's bytes (per-token
-        layout), plus any full-precision residual."""
+        The prefill may hold every prompt token at full precision until the forward ends (a store quantizes,
+        a retention policy evicts, after the forward). With a pool, the prompt's whole blocks are computed
+        into it before the prefill (`Sharing._complete_chains`): a block the pool refuses (its byte budget)
+        stays with the request, but in the store's format, so only the rest of the prompt — and the block
+        being computed — are held at full precision; the bound assumes the pool refuses everything. From then
+        on a request holds what its retention keeps (budget, or the forced tokens if more) plus up to 2
+        tokens fed before the next eviction, less the whole blocks of the shared prefix (a batch references
+        only the blocks all its rows have), at its storage format's bytes (per-token layout), plus any
+        full-precision residual."""
+        per_token = 2 * geometry.layers * geometry.kv_heads * self.storage.row_bytes(geometry.head_dim,
+                                                                                     geometry.dtype_bytes)
+        residual = self.storage.residual * geometry.token_bytes
+        prefill = prompt * geometry.token_bytes
         pooled = 0
         if self.sharing is not None:
+            bs = self.sharing.block_size
+            whole = (prompt - 1) // bs * bs  # the blocks attached; at least one token is left to compute
+            prefill = min(prefill, int(whole * per_token + 0.999) + bs * geometry.token_bytes + residual)
             common = prompt - 1 if shared_prefix is None else min(prompt - 1, shared_prefix)
-            pooled = common // self.sharing.block_size * self.sharing.block_size
+            pooled = common // bs * bs
         kept = total
         if self.retention is not None:
             r = self.retention
             forced = max(r.sinks, prompt if r.keep_prompt else 0) + r.recent
             kept = min(total, max(r.budget(total, total), forced) + 2)
-        per_token = 2 * geometry.layers * geometry.kv_heads * self.storage.row_bytes(geometry.head_dim,
-                                                                                     geometry.dtype_bytes)
-        residual = self.storage.residual * geometry.token_bytes
-        return prompt * geometry.token_bytes, int(max(kept - pooled, 0) * per_token + residual + 0.999)
+        return prefill, int(max(kept - pooled, 0) * per_token + residual + 0.999)
 
 
 class Policy:

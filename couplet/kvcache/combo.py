@@ -6,9 +6,8 @@ format (the same per-token rows in pool blocks and in the request's own store, s
 quantized rows), a `SharedPolicy` for the pool, and — when `ratio` < 1 — a `SelectivePolicy` retention that
 keeps the prompt whole and lets generated tokens compete for the rest of the budget. The prompt's whole
 blocks are always attended as the pool stores them (dequantized), on a miss too: missing blocks are
-computed block by block against the pooled blocks before them (`sharing.Sharing._complete_chains`, one batched
-forward per chain depth for all the rows of a wave), so cold
-and warm pools give the same bits.
+computed block by block against the pooled blocks before them (`sharing.Sharing._complete_chains`, one
+batched forward per chain depth for all the rows of a wave), so cold and warm pools give the same bits.
 
 Defaults (int8, ratio 1.0: no eviction), measured at the long prompt (a ~415-token prompt, 296 tokens of
 it the house prefix every visitor shares). The earlier defaults (int4, ratio 0.5) spent the whole budget on

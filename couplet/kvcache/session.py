@@ -56,9 +56,9 @@ class ModeSession:
 
         `attention_mask` (batch, q) — or HF-style (batch, past + q), whose last q columns are used — marks
         real tokens (1) and left padding (0); None means all real. q' == q, except on the first call of
-        `shared` when the pool already holds part of the prompt, and of `combo` always (its prompt's whole
-        blocks always come from the pool): only the positions actually computed are returned, right-aligned,
-        so `logits[:, -1]` is always each row's next-token distribution.
+        `shared` and `combo` (a prompt's whole blocks always come from the pool, computed there first on a
+        miss): only the positions actually computed are returned, right-aligned, so `logits[:, -1]` is always
+        each row's next-token distribution.
         """
         if self._closed:
             raise RuntimeError("session is closed")

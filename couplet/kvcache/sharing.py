@@ -1,16 +1,17 @@
 """The prefix-pool protocol of a session, in two calls: `attach` (the first forward's prompt: reference the
-blocks the pool holds, feed only the rest) and `publish` (after that forward: put the prompt's new whole
-blocks in the pool and reference them). As vLLM's automatic prefix caching and SGLang's RadixAttention:
-blocks of `block_size` tokens keyed by a hash chain (`pool.py`), immutable, reference-counted.
+blocks the pool holds, feed only the rest) and `publish` (after that forward: reference the prompt's whole
+blocks in the pool). As vLLM's automatic prefix caching and SGLang's RadixAttention: blocks of `block_size`
+tokens keyed by a hash chain (`pool.py`), immutable, reference-counted.
 
-A lossless codec (`shared`: full precision) publishes blocks from the prefill's own rows. A lossy codec
-(`combo`'s int4/int8 blocks) never does: a block's keys/values would depend on whether the tokens before it
-were attended at full precision (same forward) or dequantized (from the pool). So every missing block is
-first computed on its own against the blocks before it as the pool stores them (`_complete_chains`), then
-published, and the rest of the prompt runs against the pooled prefix — on a miss, a partial or a full hit
-alike, so results do not depend on the pool's state: bit for bit for a lone request; up to float rounding
-(~1e-7, the same greedy tokens) where a wave's rows computed their missing blocks in one batched forward,
-as batching rows always allows.
+Every block the pool holds is computed one way, whatever the codec: on its own, against the blocks before it
+as the pool stores them (`_complete_chains`), then published; the rest of the prompt then runs against the
+pooled prefix — on a miss, a partial or a full hit alike. So results do not depend on the pool's state (bit
+for bit for a lone request; up to float rounding, ~1e-7 and the same greedy tokens, where a wave's rows
+computed their missing blocks in one batched forward, as batching rows always allows). A lossy codec
+(`combo`'s int8/int4 blocks) needs this: a block's keys/values would otherwise depend on whether the tokens
+before it were attended at full precision (the same forward) or dequantized (from the pool). A lossless one
+(`shared`) gains from it: a wave's rows compute each distinct missing block once, where a prefill of whole
+prompts would compute the house prefix once per row.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class Sharing:
         self.blocks: list[list[Block]] = []  # per row, the pool blocks referenced, in chain order
         self._prompts: list[list[int]] = []  # per row, the real prompt tokens
         self._keys: list[list[bytes]] = []  # and the chain keys of its whole blocks
-        self._loaded: list[list[int]] = []  # and the positions of pool blocks it holds as owned slots (lossy)
+        self._loaded: list[list[int]] = []  # and the positions of pool blocks it holds as owned slots
         self._finalizer: weakref.finalize | None = None
 
     def shared_bytes(self, row: int) -> int:
@@ -62,10 +63,10 @@ class Sharing:
     def attach(self, s: ModeSession, input_ids: torch.Tensor, flags: Flags) -> tuple[torch.Tensor, Flags]:
         """Reference the longest prefix of whole blocks every row finds in the pool; return what is left to feed.
 
-        Lossy codec: first complete each row's chain of blocks in the pool, so that every row's whole blocks
-        come from the pool whatever it held; rows whose chain goes beyond the common prefix hold those blocks
-        as private slots (`_load_private`): each row computes only its last, partial (or last whole) block,
-        exactly as on a warm pool."""
+        First complete each row's chain of blocks in the pool, so that every row's whole blocks come from the
+        pool whatever it held; rows whose chain goes beyond the common prefix hold those blocks as private slots
+        (`_load_private`): each row computes only its last, partial (or last whole) block, exactly as on a warm
+        pool."""
         b, bs = s.batch, self.block_size
         ids = input_ids.tolist()
         real = flags if flags is not None else [[True] * len(row) for row in ids]
@@ -78,10 +79,9 @@ class Sharing:
         attach = [(len(prompt) - 1) // bs for prompt in self._prompts]
         for r in range(b):
             self.blocks[r].extend(self.pool.acquire_prefix(self._keys[r][: attach[r]]))
-        # lossy: per row, every whole block's payload (pooled or private)
-        chains = [] if self.codec.lossless else self._complete_chains(s)
+        chains = self._complete_chains(s)  # per row, every whole block's payload (pooled or private)
         common = min(min(len(blocks), n) for blocks, n in zip(self.blocks, attach, strict=True))
-        extra = [chain[common:n] for chain, n in zip(chains, attach, strict=True)] if chains else []
+        extra = [chain[common:n] for chain, n in zip(chains, attach, strict=True)]
         self._keep_common(common)
         m = common * bs
         if m:
@@ -100,23 +100,15 @@ class Sharing:
         return new_ids, (None if all(all(f) for f in new_flags) else new_flags)
 
     def publish(self, s: ModeSession, positions: list[list[int]]) -> None:
-        """After the first forward: reference the blocks every row has in the pool — lossless codec: inserting
-        this prompt's new whole blocks from the rows the prefill stored; lossy: only blocks `_complete_chains`
-        put there, so the pool never holds a block computed any other way —, drop those tokens from the owned
-        slots, and seal the rest of the prompt (the prompt is kept in the pool's format wherever it lives)."""
+        """After the first forward: reference the blocks every row has in the pool (only blocks
+        `_complete_chains` put there: the pool never holds a block computed any other way), drop those tokens
+        from the owned slots, and seal the rest of the prompt (the prompt is kept in the pool's format wherever
+        it lives)."""
         cache, bs = self._cache(s), self.block_size
-        own = [layer.store.kv() for layer in cache.compressed]  # (batch, kv_heads, slots, head_dim) each
         got = []
         for r in range(s.batch):
-            slot_of = {p: i for i, p in enumerate(positions[r]) if p >= 0}  # logical position -> slot
             for j in range(len(self.blocks[r]), len(self._keys[r])):
-                if not self.codec.lossless:
-                    block = self.pool.reference(self._keys[r][j])
-                else:
-                    start = slot_of[j * bs]
-                    payload = tuple(self.codec.encode(k[r, :, start:start + bs], v[r, :, start:start + bs])
-                                    for k, v in (kv for kv in own if kv is not None))
-                    block = self._insert(r, j, payload)
+                block = self.pool.reference(self._keys[r][j])
                 if block is None:
                     break
                 self.blocks[r].append(block)
@@ -150,17 +142,21 @@ class Sharing:
             del row[common:]  # in place: the finalizer holds these lists
 
     def _complete_chains(self, s: ModeSession) -> list[list[tuple]]:
-        """Lossy codec: make sure every row's every whole prompt block is in the pool, computing the missing
-        ones canonically (`_compute_blocks`), and return each row's payloads of all of them in chain order.
-        Once the pool refuses one of a row's blocks (byte budget), it and the blocks after it stay private to
-        the request (same payloads).
+        """Make sure every row's every whole prompt block is in the pool, computing the missing ones
+        (`_compute_blocks`), and return each row's payloads of all of them in chain order. Once the pool
+        refuses one of a row's blocks (byte budget), it and the blocks after it stay private to the request
+        (same payloads).
 
-        The rows advance together, one chain depth at a time: at depth j every row still short of its chain
-        either finds block j in the pool or needs it computed, and the blocks needed are computed in one
-        batched forward, each distinct key once (rows with the same key have the same prefix: the same
-        payload). A wave of cold rows thus costs one forward per depth, not one per block per row — on a
-        cold burst the block-by-block loop was most of `combo`'s time. A single forward over a row's run of
-        missing blocks would instead make the pool's blocks depend on where the last hit ended."""
+        The rows advance together from the shallowest missing block: at depth j every row still short of its
+        chain either finds block j in the pool or needs it computed. Rows needing the same key have the same
+        prefix, hence the same payload: each distinct key is computed once, and all of them in one batched
+        forward. With a lossy codec that forward holds one block per key: a block attends to the blocks
+        before it exactly as the pool stores them (dequantized), so a forward over a run of missing blocks
+        would make them depend on where the last hit ended. A lossless codec computes, per key, the whole
+        run of blocks its rows have in common (up to where they diverge) in that forward: the values are the
+        same up to float rounding, and a cold wave costs a few forwards of many tokens, not one small
+        forward per depth (on a cold burst, block-by-block completion was most of the time of the wave)."""
+        bs = self.block_size
         chains = [[blk.payload for blk in row] for row in self.blocks]
         pooled = [True] * len(chains)  # per row: its chain is still unbroken in the pool
         while todo := [r for r, chain in enumerate(chains) if len(chain) < len(self._keys[r])]:
@@ -175,42 +171,59 @@ class Sharing:
                     need.setdefault(self._keys[r][j], []).append(r)
             if not need:
                 continue
+            runs = [self._common_run(rows, j) for rows in need.values()]  # blocks j .. j + run - 1 per key
             firsts = [rows[0] for rows in need.values()]
             payloads = self._compute_blocks(
-                s, [self._prompts[r][j * self.block_size:(j + 1) * self.block_size] for r in firsts],
+                s, [self._prompts[r][j * bs:(j + n) * bs] for r, n in zip(firsts, runs, strict=True)],
                 [chains[r] for r in firsts])
-            for rows, payload in zip(need.values(), payloads, strict=True):
-                s.rows[rows[0]].pooled_computed += self.block_size  # computed once, for the first row needing it
+            for rows, run in zip(need.values(), payloads, strict=True):
+                s.rows[rows[0]].pooled_computed += len(run) * bs  # computed once, for the first row needing it
                 for r in rows:
-                    block = self._insert(r, j, payload) if pooled[r] else None
-                    pooled[r] = block is not None
-                    if block is not None:
-                        self.blocks[r].append(block)
-                        payload = block.payload  # another request may have inserted it first: the same values
-                    chains[r].append(payload)
+                    for i, payload in enumerate(run):
+                        block = self._insert(r, j + i, payload) if pooled[r] else None
+                        pooled[r] = block is not None
+                        if block is not None:
+                            self.blocks[r].append(block)
+                            payload = block.payload  # another request inserted it first: the same values
+                        chains[r].append(payload)
         return chains
 
-    def _compute_blocks(self, s: ModeSession, tokens: list[list[int]], chains: list[list[tuple]]) -> list[tuple]:
-        """Blocks' payloads (per layer), one per row of one batched forward: row i's `tokens[i]` at logical
-        positions len(chains[i]) * block_size onwards (every chain has the same length), attending to the
-        blocks before it decoded from `chains[i]` — exactly the forward a request computes after a pool hit on
-        those blocks, so both give the same values."""
-        start = len(chains[0]) * self.block_size
+    def _common_run(self, rows: list[int], j: int) -> int:
+        """How many blocks from depth j the `rows` (the same key at j) compute together: 1 for a lossy codec;
+        for a lossless one, as long as they still have the same key (the same prefix)."""
+        if not self.codec.lossless:
+            return 1
+        end = min(len(self._keys[r]) for r in rows)
+        n = 1
+        while j + n < end and len({self._keys[r][j + n] for r in rows}) == 1:
+            n += 1
+        return n
+
+    def _compute_blocks(self, s: ModeSession, tokens: list[list[int]], chains: list[list[tuple]]) -> list[list[tuple]]:
+        """Runs of whole blocks, one per row of one batched forward: row i's `tokens[i]` (a multiple of
+        `block_size`) at logical positions len(chains[i]) * block_size onwards (every chain has the same
+        length), attending to the blocks before it decoded from `chains[i]` — exactly the forward a request
+        computes after a pool hit on those blocks. Returns per row its blocks' payloads (each per layer).
+        Shorter rows are right-padded: causal attention keeps the padding out of every real token's keys and
+        values, and its own are dropped."""
+        bs, start = self.block_size, len(chains[0]) * self.block_size
+        width = max(len(t) for t in tokens)
         scratch = CompressedCache(self._cache(s).geometry, PlainStore, track_positions=False)
         if start:
             for i, layer in enumerate(scratch.compressed):
                 layer.set_prefix([[payload[i] for payload in chain] for chain in chains], self.codec, start)
         scratch.meta.columns = start
-        pos = torch.arange(start, start + self.block_size, dtype=torch.int32, device=s.device)
+        pos = torch.arange(start, start + width, dtype=torch.int32, device=s.device)
         pos = pos[None].expand(len(tokens), -1).contiguous()
         scratch.begin(pos, None)
         decoder = getattr(s.model, "base_model", s.model)  # the keys/values only: no LM head
+        ids = [t + t[-1:] * (width - len(t)) for t in tokens]
         with recording(None):
-            decoder(input_ids=torch.tensor(tokens, device=s.device), attention_mask=None,
+            decoder(input_ids=torch.tensor(ids, device=s.device), attention_mask=None,
                     position_ids=pos.long(), cache=scratch, use_cache=True)
-        own = [layer.store.kv() for layer in scratch.compressed]
-        return [tuple(self.codec.encode(kv[0][r], kv[1][r]) for kv in own if kv is not None)
-                for r in range(len(tokens))]
+        own = [kv for kv in (layer.store.kv() for layer in scratch.compressed) if kv is not None]
+        return [[tuple(self.codec.encode(k[r, :, a:a + bs], v[r, :, a:a + bs]) for k, v in own)
+                 for a in range(0, len(t), bs)] for r, t in enumerate(tokens)]
 
     def _load_private(self, s: ModeSession, extra: list[list[tuple]], m: int) -> None:
         """Rows whose whole blocks go beyond the common prefix `m` hold them as owned slots, in the store's own

@@ -17,13 +17,14 @@ import os
 import threading
 from collections.abc import Iterator
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 
 import gradio as gr
 import torch
 
 from couplet.calendar import DEFAULT_YEAR, MAX_YEAR, MIN_YEAR, year_label
-from couplet.charts import engine_figure, kv_figure, memory_figure
+from couplet.charts import engine_figure, kv_figure, memory_figure, sweep_figure
 from couplet.engine import Engine, EngineBusy, EngineConfig
 from couplet.events import StepRecord
 from couplet.exemplars import load_store
@@ -38,7 +39,14 @@ from couplet.serving.vllm_client import EngineGauges, VllmClient
 from couplet.serving.vllm_client import decode as remote_decode
 from couplet.share import ShareLink, parse_query, share_url
 from couplet.text import CoupletInputError, visitor_part
-from couplet.view import about_markdown, checks_html, mode_label, modes_table_html, peak_panel_html
+from couplet.view import (
+    about_markdown,
+    bench_source_html,
+    checks_html,
+    mode_label,
+    modes_table_html,
+    peak_panel_html,
+)
 
 try:  # ZeroGPU on Hugging Face Spaces; elsewhere a no-op
     import spaces
@@ -106,11 +114,13 @@ def offered_modes() -> list[str]:
 
 
 PEAK_BENCH = ASSETS_DIR / "bench" / "serve.json"  # `python -m couplet.bench serve --json` output, committed
+PEAK_SWEEP = ASSETS_DIR / "bench" / "serve_sweep.json"  # the same benchmark at several budgets (`--budgets`)
 
 
-def load_peak_bench() -> dict | None:
+def load_bench(path: Path) -> dict | None:
+    """A committed benchmark JSON, or None where it is missing or unreadable (the panel then says so)."""
     try:
-        return json.loads(PEAK_BENCH.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
 
@@ -428,7 +438,13 @@ def build_app() -> gr.Blocks:
         table = gr.HTML(modes_table_html({}), elem_id="table-box", container=True, padding=True)
         payload = gr.JSON(visible=False, label="结果 JSON")
         with gr.Accordion("高峰：同一 KV 预算，各模式能同时接待多少访客", open=False, elem_id="peak"):
-            gr.HTML(peak_panel_html(load_peak_bench()))
+            gr.HTML(peak_panel_html(load_bench(PEAK_BENCH)))
+            sweep = load_bench(PEAK_SWEEP)
+            if sweep and len(sweep.get("runs", [])) > 1:
+                gr.Plot(sweep_figure(sweep, {m: mode_label(m) for m in sweep["runs"][0]["modes"]},
+                                     title="预算越大，能同时接待的访客越多"),
+                        label="各预算下的吞吐与同时接待人数", show_label=False, elem_id="sweep-plot")
+                gr.HTML(bench_source_html(sweep))
         with gr.Accordion("关于：KV 缓存与各模式", open=False, elem_id="about"):
             gr.Markdown(about_markdown(os.path.basename(lm.source.rstrip("/")) or lm.source, lm.parameters,
                                        lm.device, str(lm.dtype).removeprefix("torch."), versions(),

@@ -8,6 +8,7 @@ legend toggles survive the stream of updates.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
@@ -142,4 +143,41 @@ def engine_figure(steps: Sequence[int], gauges: Sequence[EngineGauges]) -> go.Fi
     fig = _layout(fig, title, "引擎 KV 缓存 (KB)")
     fig.update_layout(margin={"t": 64})
     fig.update_yaxes(title_text="请求数", secondary_y=True, rangemode="tozero", showgrid=False)
+    return fig
+
+
+@dataclass(frozen=True)
+class SweepText:
+    """The words of `sweep_figure`: Chinese on the page; English where it is rendered without the page's
+    fonts (the benchmark's PNG, drawn by a browser that may have no CJK font)."""
+
+    throughput: str = "吞吐（字/秒）"
+    concurrency: str = "同时接待（人，平均）"
+    budget: str = "KV 预算 (MB)"
+
+
+SWEEP_TEXT_EN = SweepText("throughput (characters/s)", "admitted concurrency (mean)", "KV budget (MB)")
+
+
+def sweep_figure(bench: Mapping, labels: Mapping[str, str] | None = None, text: SweepText = SweepText(),
+                 title: str = "") -> go.Figure:
+    """From a `python -m couplet.bench serve` JSON run at several budgets (its `runs`): throughput and the
+    mean admitted concurrency against the KV budget, one line per mode, side by side."""
+    from plotly.subplots import make_subplots
+
+    runs = sorted(bench["runs"], key=lambda run: run["budget_mb"])
+    budgets = [run["budget_mb"] for run in runs]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(text.throughput, text.concurrency), horizontal_spacing=0.1)
+    for mode in runs[0]["modes"]:
+        rows = [run["modes"].get(mode, {}) for run in runs]
+        label = (labels or {}).get(mode, mode)
+        for col, key, unit in ((1, "throughput_tok_s", "字/秒"), (2, "admitted_concurrency", "人")):
+            fig.add_trace(go.Scatter(
+                x=budgets, y=[r.get(key) for r in rows], name=label, meta=mode, legendgroup=mode,
+                showlegend=col == 1, mode="lines+markers", line={"color": mode_color(mode), "width": 2.5},
+                hovertemplate=f"{label} · %{{x:g}} MB · %{{y:.1f}} {unit}<extra></extra>"), row=1, col=col)
+    fig = _layout(fig, title, "")
+    fig.update_xaxes(title_text=text.budget, gridcolor="#f0e2bd", zeroline=False)
+    fig.update_yaxes(gridcolor="#f0e2bd", zeroline=False, rangemode="tozero")
+    fig.update_layout(hovermode="closest", margin={"t": 56 if title else 40}, uirevision="couplet-sweep")
     return fig

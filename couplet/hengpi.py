@@ -63,6 +63,11 @@ def _choose(lm: LoadedModel, upper: str, lower: str) -> str:
     return candidates[int((scores[1:] - scores[0]).argmax())]
 
 
+def clear_cache() -> None:
+    """Forget the phrases chosen so far (a benchmark starts every mode from the same state)."""
+    _choose.cache_clear()
+
+
 def choose_hengpi(lm: LoadedModel, upper: str, lower: str) -> str:
     """The curated phrase that best fits the couplet, by the model's pointwise mutual information. Another
     family (no keyword slot in its prompt to score a theme with): the shortlist's best, by the model's own

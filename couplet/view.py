@@ -144,7 +144,7 @@ def peak_panel_html(bench: Mapping | None) -> str:
     at the same KV budget, with its throughput and latency; the command, date and device it came from."""
     if not bench:
         return '<div id="peak-panel"><p>尚无高峰测试结果（运行 <code>python -m couplet.bench serve</code>）。</p></div>'
-    run, cfg = bench["runs"][0], bench["config"]
+    run = bench["runs"][0]
     rows = run["modes"]
     top = max(r["admitted_concurrency"] for r in rows.values()) or 1.0
     bars = []
@@ -164,8 +164,13 @@ def peak_panel_html(bench: Mapping | None) -> str:
     if full and combo:
         lead = (f"<p>KV 预算 {run['budget_mb']:g} MB：完整缓存平均同时接待 {full['admitted_concurrency']:.1f} 位访客，"
                 f"组合策略 {combo['admitted_concurrency']:.1f} 位。</p>")
+    table = f'<table class="modes peak">{head}{"".join(bars)}</table>'
+    return f'<div id="peak-panel">{lead}{table}{bench_source_html(bench)}</div>'
+
+
+def bench_source_html(bench: Mapping) -> str:
+    """Where a benchmark's figures come from: visitors, device, dtype, date and the command that printed them."""
     where = escape(f"{bench['device']}，{bench['dtype']}，{bench['date']}")
     command = escape(bench.get("command", ""))
-    source = (f'<p class="bench-source">{cfg["visitors"]} 位访客（关键词按齐夫分布），{where}；'
-              f"命令：<code>{command}</code></p>")
-    return f'<div id="peak-panel">{lead}<table class="modes peak">{head}{"".join(bars)}</table>{source}</div>'
+    return (f'<p class="bench-source">{bench["config"]["visitors"]} 位访客（关键词按齐夫分布），{where}；'
+            f"命令：<code>{command}</code></p>")

@@ -270,3 +270,21 @@ def test_a_hostile_query_string_is_shown_as_text(browser, live_app):
     assert page.evaluate(injected) == 0
     assert page.dialogs == []
     page.context.close()
+
+
+def test_the_peak_panel_shows_the_committed_benchmark_and_its_budget_sweep(page):
+    """高峰: the committed serving benchmark (a row per mode) and, below it, its sweep over budgets as a chart
+    with a line per mode in each panel, with where the figures come from."""
+    import json
+
+    bench = json.loads(Path("assets/bench/serve_sweep.json").read_text(encoding="utf-8"))
+    page.click("#peak > .label-wrap")
+    page.locator("#peak-panel").wait_for(state="visible")
+    assert page.locator("#peak-panel tr[data-mode]").count() == len(MODES)
+    page.wait_for_function("() => (document.querySelector('#sweep-plot .js-plotly-plot')?.data ?? []).length > 0")
+    traces = page.evaluate("() => document.querySelector('#sweep-plot .js-plotly-plot').data"
+                           ".map(t => [t.meta, t.x.length])")
+    runs = len(bench["runs"])
+    assert sorted(traces) == sorted([m, runs] for m in bench["runs"][0]["modes"] for _ in range(2))
+    assert page.locator("#peak .bench-source").count() == 2  # the table's benchmark and the sweep's
+    assert "--budgets" in page.locator("#peak .bench-source").nth(1).inner_text()

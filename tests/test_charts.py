@@ -1,7 +1,16 @@
 
 import plotly.graph_objects as go
 
-from couplet.charts import KV_AXIS, STEP_AXIS, UIREVISION, kv_figure, memory_figure, mode_color
+from couplet.charts import (
+    KV_AXIS,
+    STEP_AXIS,
+    SWEEP_TEXT_EN,
+    UIREVISION,
+    kv_figure,
+    memory_figure,
+    mode_color,
+    sweep_figure,
+)
 from couplet.events import StepRecord
 from couplet.kvcache import MODE_INFO
 
@@ -75,3 +84,24 @@ def test_empty_input_gives_empty_figures():
     assert len(kv_figure({}, {}).data) == 0
     fig = memory_figure({}, {})
     assert fig.layout.annotations  # still explains itself
+
+
+def test_the_sweep_plots_throughput_and_concurrency_against_the_budget() -> None:
+    """One line per mode in each panel, budgets in increasing order whatever order they ran in, one legend
+    entry per mode, the page's Chinese labels (or English for the benchmark's PNG)."""
+    def run(budget: float, full: float, combo: float) -> dict:
+        return {"budget_mb": budget, "modes": {
+            "full": {"throughput_tok_s": 10 * full, "admitted_concurrency": full},
+            "combo": {"throughput_tok_s": 20 * combo, "admitted_concurrency": combo}}}
+
+    bench = {"runs": [run(14.0, 7, 40), run(7.0, 2, 20), run(28.0, 15, 80)]}
+    fig = sweep_figure(bench, {"full": "完整缓存"})
+    assert [(t.meta, t.xaxis) for t in fig.data] == [("full", "x"), ("full", "x2"), ("combo", "x"), ("combo", "x2")]
+    assert all(list(t.x) == [7.0, 14.0, 28.0] for t in fig.data)
+    assert list(fig.data[0].y) == [20, 70, 150] and list(fig.data[3].y) == [20, 40, 80]
+    assert [t.showlegend for t in fig.data] == [True, False, True, False]
+    assert fig.data[0].name == "完整缓存" and fig.data[2].name == "combo"
+    assert fig.layout.xaxis.title.text == "KV 预算 (MB)" and fig.layout.annotations[0].text == "吞吐（字/秒）"
+    english = sweep_figure(bench, text=SWEEP_TEXT_EN)
+    assert english.layout.xaxis2.title.text == "KV budget (MB)"
+    assert mode_color("combo") in {t.line.color for t in fig.data}

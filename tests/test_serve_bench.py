@@ -20,7 +20,7 @@ def test_the_workload_is_zipf_over_enough_phrases() -> None:
 def test_serve_reports_every_figure_per_mode(tiny_checkpoint, tmp_path, capsys) -> None:
     out_json = tmp_path / "serve.json"
     cfg = parse_args(["--visitors", "6", "--modes", "full,shared,int4", "--model", str(tiny_checkpoint),
-                      "--budgets", "8", "--max-batch", "2", "--json", str(out_json),
+                      "--budgets", "8,12", "--max-batch", "2", "--json", str(out_json),
                       "--plot", str(tmp_path / "serve.html")])
     out = main(cfg)
     assert json.loads(out_json.read_text(encoding="utf-8"))["modes"].keys() == {"full", "shared", "int4"}
@@ -34,4 +34,28 @@ def test_serve_reports_every_figure_per_mode(tiny_checkpoint, tmp_path, capsys) 
     # waves of 2: later waves find the house prefix in the pool (rows of one wave prefill together, cold)
     assert out["modes"]["shared"]["prefill_tokens_ratio"] < 0.7 < out["modes"]["full"]["prefill_tokens_ratio"]
     assert out["modes"]["int4"]["kv_per_request_bytes"] < 0.5 * out["modes"]["full"]["kv_per_request_bytes"]
-    assert "| `int4` |" in capsys.readouterr().out and (tmp_path / "serve.html").exists()
+    assert "| `int4` |" in capsys.readouterr().out
+    assert [run["budget_mb"] for run in out["runs"]] == [8.0, 12.0]  # the sweep: every mode at every budget
+    assert all(run["modes"].keys() == out["modes"].keys() for run in out["runs"])
+    assert (tmp_path / "serve.html").stat().st_size > 100_000  # plotly.js inlined: opens offline
+    assert (tmp_path / "serve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # kaleido (test extras), Chromium
+
+
+def test_every_mode_is_measured_from_the_same_state(tiny_checkpoint) -> None:
+    """The 横批 is cached per couplet; a mode measured after `full` must not find its couplets' 横批 already
+    chosen (it looked up to ~15% faster): each mode's run computes them again."""
+    from couplet import hengpi
+    from couplet.generate import CoupletRequest, prepare
+    from couplet.model import load_model
+    from couplet.serve_bench import run_mode
+
+    lm = load_model(str(tiny_checkpoint), "cpu", "float32")
+    cfg = parse_args(["--visitors", "4", "--max-batch", "2"])
+    typed, arrivals = workload(cfg)
+    preps = {p: prepare(lm, CoupletRequest(p)) for p in set(typed)}
+    _, full = run_mode(lm, "full", 8.0, cfg, typed, arrivals, preps)
+    assert hengpi._choose.cache_info().currsize == len(set(full.values()))  # full's 横批 are remembered
+    _, shared = run_mode(lm, "shared", 8.0, cfg, typed, arrivals, preps)
+    assert shared == full  # lossless: the same couplets, so the same 横批 to choose
+    info = hengpi._choose.cache_info()  # since the shared run began: every couplet computed, none found
+    assert info.misses == len(set(shared.values())) and info.hits == len(typed) - info.misses

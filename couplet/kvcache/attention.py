@@ -29,10 +29,13 @@ ATTENTION_NAME = "couplet_kv_sdpa"
 
 @dataclass
 class Recording:
-    """What the attention function needs during one forward: per-layer sinks and which queries are real."""
+    """What the attention function needs during one forward: the cache's layers (a layer with `wants_scores`
+    receives `record(...)` when `scores` is on; one with `cascade_kv` set is attended by `cascade_attention`)
+    and which queries are real."""
 
-    layers: list[Any]  # cache layers; those with `wants_scores` True receive `record(...)`
+    layers: list[Any]
     query_valid: torch.Tensor | None  # (batch, q) bool; None = all real
+    scores: bool = True
 
 
 _ACTIVE: ContextVar[Recording | None] = ContextVar("couplet_kv_recording", default=None)
@@ -78,20 +81,79 @@ def attention_scores(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor 
     return probs.sum(2)
 
 
+def cascade_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                      shared: tuple[torch.Tensor, torch.Tensor], scaling: float,
+                      query_valid: torch.Tensor | None = None, scores: bool = False
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Attention over [a prefix every row shares, then each row's own keys], the shared part stored once.
+
+    As FlashInfer's cascade (shared-prefix) decoding: all the rows' queries meet the shared keys in one matmul
+    — no per-row copy of the prefix is ever made — and each row's own keys in a batched one; the two parts are
+    merged in one softmax over their concatenated logits. transformers' SDPA cannot take a key tensor shared
+    across the batch, hence this function. The same values as attending [prefix, own] per row, up to float
+    rounding.
+
+    query (batch, q_heads, q, head_dim); key/value (batch, kv_heads, kv, head_dim); mask None (causal, bottom-
+    right, over the own part) or (batch, 1, q, kv) bool / additive float; shared keys/values (kv_heads, s,
+    head_dim). Returns the output (batch, q, q_heads, head_dim), as `sdpa_attention_forward`, and with `scores`
+    the attention each own key received, as `attention_scores` gives it (batch, kv_heads, kv)."""
+    b, hq, q, d = query.shape
+    hk, kv, s = key.shape[1], key.shape[2], shared[0].shape[1]
+    groups = hq // hk  # GQA: query heads i*groups .. i*groups + groups-1 read KV head i
+    qg = query.reshape(b, hk, groups * q, d).float()
+    # (kv_heads, batch * groups * q, head_dim) @ (kv_heads, head_dim, s): every row's queries, one copy of the keys
+    flat = qg.transpose(0, 1).reshape(hk, b * groups * q, d)
+    logits_shared = (torch.matmul(flat, shared[0].float().transpose(-1, -2)) * scaling).view(hk, b, groups * q, s)
+    logits_own = torch.matmul(qg, key.float().transpose(-1, -2)) * scaling  # (batch, kv_heads, groups * q, kv)
+    if mask is None:
+        if q > 1:  # bottom-right causal over the own part; the shared part precedes every query
+            rows = torch.arange(q, device=key.device)[:, None] + kv - q  # query i sees keys up to kv - q + i
+            visible = torch.arange(kv, device=key.device)[None, :] <= rows
+            logits_own = logits_own.masked_fill(~visible.repeat(groups, 1), float("-inf"))
+    else:
+        m = mask[:, :, None].expand(b, 1, groups, q, kv).reshape(b, 1, groups * q, kv)
+        logits_own = logits_own.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else logits_own + m.float()
+    top = torch.maximum(logits_shared.amax(-1).transpose(0, 1), logits_own.amax(-1))[..., None]  # (b, hk, g*q, 1)
+    e_shared = (logits_shared - top.transpose(0, 1)).exp()  # (kv_heads, batch, groups * q, s)
+    e_own = (logits_own - top).exp()
+    total = e_shared.sum(-1).transpose(0, 1)[..., None] + e_own.sum(-1, keepdim=True)  # (b, hk, g*q, 1)
+    out_shared = torch.matmul(e_shared.reshape(hk, b * groups * q, s), shared[1].float()).view(hk, b, groups * q, d)
+    out = (out_shared.transpose(0, 1) + torch.matmul(e_own, value.float())) / total
+    out = out.to(query.dtype).reshape(b, hq, q, d).transpose(1, 2).contiguous()
+    received = None
+    if scores:
+        probs = (e_own / total).view(b, hk, groups, q, kv).mean(2)  # (batch, kv_heads, q, kv)
+        if query_valid is not None:
+            probs = probs * query_valid[:, None, :, None]
+        received = probs.sum(2)
+    return out, received
+
+
 def recording_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                              attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """transformers' SDPA attention, unchanged; records scores for the active cache's layer if it asks."""
-    out = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    """transformers' SDPA attention, unchanged, unless the active cache's layer holds a common prefix to attend
+    once (`cascade_attention`); records scores for that layer if it asks."""
     rec = _ACTIVE.get()
-    if rec is not None:
-        layer_idx = getattr(module, "layer_idx", None)
-        layer = rec.layers[layer_idx] if layer_idx is not None and layer_idx < len(rec.layers) else None
-        if layer is not None and getattr(layer, "wants_scores", False):
-            scaling = kwargs.get("scaling")
-            if scaling is None:
-                scaling = getattr(module, "scaling", query.shape[-1] ** -0.5)
-            layer.record(attention_scores(query, key, attention_mask, float(scaling), rec.query_valid))
-    return out
+    layer_idx = getattr(module, "layer_idx", None)
+    layer = rec.layers[layer_idx] if rec is not None and layer_idx is not None and layer_idx < len(rec.layers) \
+        else None
+    wants = rec is not None and rec.scores and layer is not None and getattr(layer, "wants_scores", False)
+    scaling = kwargs.get("scaling")
+    if scaling is None:
+        scaling = getattr(module, "scaling", query.shape[-1] ** -0.5)
+    shared = getattr(layer, "cascade_kv", None)
+    if shared is not None:
+        assert rec is not None and layer is not None
+        out, received = cascade_attention(query, key, value, attention_mask, shared, float(scaling),
+                                          rec.query_valid, wants)
+        if received is not None:
+            layer.record(received)
+        return out, None
+    out = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)[0]
+    if wants:
+        assert rec is not None and layer is not None
+        layer.record(attention_scores(query, key, attention_mask, float(scaling), rec.query_valid))
+    return out, None
 
 
 def install_attention(model: Any) -> None:

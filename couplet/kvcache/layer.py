@@ -80,6 +80,7 @@ class SlotMeta:
         self.score: torch.Tensor | None = None
         self.received: list[tuple[int, torch.Tensor]] = []  # this forward's attention per layer, not yet added
         self.new_valid: torch.Tensor | None = None  # (batch, q) bool of the tokens being fed; None = all real
+        self.cascade = False  # attend the rows' common prefix once (`CompressedLayer.cascading`); set by the session
 
     def append(self, positions: torch.Tensor) -> None:
         """New owned slots at logical `positions` (batch, q) int32, in every layer and head."""
@@ -132,6 +133,10 @@ class CompressedLayer(DynamicLayer):
         self.prefix_codec: BlockCodec | None = None
         self.prefix_len = 0
         self.token_nbytes = 0  # what one token costs uncompressed in this layer: 2 * kv_heads * head_dim * dtype
+        self.common_blocks = 0  # leading prefix blocks that are the same pool blocks in every row
+        self.common_len = 0  # their tokens: attended once for the whole batch when `meta.cascade` (see `update`)
+        # this forward's common prefix, (kv_heads, common_len, head_dim) keys and values, for the attention function
+        self.cascade_kv: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def pos(self) -> torch.Tensor | None:
@@ -153,11 +158,26 @@ class CompressedLayer(DynamicLayer):
         """Store (batch, kv_heads, q, head_dim) new rows; return [prefix, own rows, new rows] for attention."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        prefix = None
+        prefix, self.cascade_kv = None, None
         if self.prefix_len:  # the pool's rows in the store's own format: the store decodes them with its own
             assert self.prefix_rows is not None and self.prefix_codec is not None
-            prefix = self.prefix_codec.batch(self.prefix_rows, self.prefix_len)
+            rows, width = self.prefix_rows, self.prefix_len
+            if self.cascading:
+                # Cascade attention (FlashInfer's shared-prefix decoding): the blocks every row shares are
+                # decoded once, not once per row, and attended by all the rows' queries together
+                # (`attention.cascade_attention`); only the rest is returned, per row, for the usual path.
+                self.cascade_kv = self.prefix_codec.decode(rows[0][: self.common_blocks], key_states.dtype)
+                rows = [row[self.common_blocks:] for row in rows]
+                width -= self.common_len
+            if width:
+                prefix = self.prefix_codec.batch(rows, width)
         return self.store.update(key_states, value_states, self.meta.new_valid, prefix)
+
+    @property
+    def cascading(self) -> bool:
+        """This forward attends the common prefix once for the batch (a session with more than one row turned it
+        on: `SlotMeta.cascade`); the returned keys and values, and the mask, then cover the rest only."""
+        return self.meta.cascade and self.common_len > 0
 
     @property
     def stored_length(self) -> int:
@@ -167,7 +187,8 @@ class CompressedLayer(DynamicLayer):
         return self.meta.columns
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.stored_length + query_length, self.meta.columns - self.stored_length
+        attended = self.stored_length - (self.common_len if self.cascading else 0)  # per row, besides the cascade
+        return attended + query_length, self.meta.columns - attended
 
     def get_max_length(self) -> int:
         return -1
@@ -196,12 +217,19 @@ class CompressedLayer(DynamicLayer):
     # ---- compression API used by the session ----
     def set_prefix(self, rows: list[list[tuple]], codec: BlockCodec, length: int) -> None:
         self.prefix_rows, self.prefix_codec, self.prefix_len = rows, codec, length
+        common = 0  # the same payload objects in every row: the same pool blocks
+        while common < min(len(row) for row in rows) and all(row[common] is rows[0][common] for row in rows):
+            common += 1
+        self.common_blocks = common
+        self.common_len = length * common // len(rows[0]) if rows[0] else 0  # blocks are of one size
 
     def record(self, scores: torch.Tensor) -> None:
-        """Add (batch, kv_heads, prefix + owned) attention received (the prefix part is never evicted) — after
-        the forward, with every layer's (`SlotMeta.add_received`)."""
+        """Add (batch, kv_heads, prefix + owned) attention received — the prefix part (the part of it `update`
+        returned) is never evicted and is dropped here — after the forward, with every layer's
+        (`SlotMeta.add_received`)."""
         if self.meta.score is not None:  # added for all layers at once after the forward (`CompressedCache.flush`)
-            self.meta.received.append((self.index, scores[..., self.prefix_len:]))
+            prefix = self.prefix_len - (self.common_len if self.cascading else 0)
+            self.meta.received.append((self.index, scores[..., prefix:]))
 
     def kv_nbytes(self) -> int:
         return self.store.nbytes()

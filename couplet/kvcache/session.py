@@ -194,15 +194,19 @@ class ModeSession:
 
     def _recording(self, retention: Retention | None, positions: list[list[int]],
                    valid: torch.Tensor | None) -> Recording | None:
-        """What the attention function records: with `observe`, only each row's last `observe` real queries."""
-        if retention is None or not retention.uses_attention:
+        """What the attention function needs: the layers (a batch attends its rows' common prefix once, see
+        `CompressedLayer.cascading`) and, when the retention scores by attention, which queries' attention to
+        record — with `observe`, only each row's last `observe` real queries."""
+        if not isinstance(self.cache, CompressedCache):
             return None
-        n = retention.observe
-        if n is not None and any(len(p) > n for p in positions):
+        self.cache.meta.cascade = self.batch > 1  # a lone row has nothing to share: the plain SDPA path
+        scores = retention is not None and retention.uses_attention
+        n = retention.observe if retention is not None else None
+        if scores and n is not None and any(len(p) > n for p in positions):
             last = [max(p, default=-1) + 1 - n for p in positions]
             valid = torch.tensor([[x >= 0 and x >= lo for x in p] for p, lo in zip(positions, last, strict=True)],
                                  dtype=torch.bool, device=self.device)
-        return Recording(self._compressed.compressed, valid)
+        return Recording(self.cache.compressed, valid, scores)
 
     def _mask_2d(self, flags: Flags, q: int) -> torch.Tensor | None:
         """(batch, logical + q) mask: zeros for columns no longer stored, then one flag per stored slot (prefix,

@@ -58,11 +58,21 @@ def attention_scores(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor 
     bottom-right aligned) or (batch, 1, q, kv_len) bool / additive float. Returns (batch, kv_heads, kv_len).
     """
     b, hq, q, d = query.shape
-    hk, kv_len = key.shape[1], key.shape[2]
+    hk = key.shape[1]
     groups = hq // hk
     if q == 1 and mask is None and query_valid is None:  # the decode step: one query sees every slot
         logits = torch.matmul(query.reshape(b, hk, groups, d).float(), key.float().transpose(-1, -2)) * scaling
         return torch.softmax(logits, dim=-1).mean(2)  # (batch, kv_heads, kv_len)
+    probs = torch.softmax(_logits(query, key, mask, scaling), dim=-1).nan_to_num_(0.0)
+    return _received(probs, query_valid)
+
+
+def _logits(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
+    """q·kᵀ·scaling in float32, masked (-inf or the additive mask): (batch, kv_heads, groups, q, kv_len), the query
+    heads grouped by the KV head they read (GQA). mask as `attention_scores`'s; None is bottom-right causal."""
+    b, hq, q, d = query.shape
+    hk, kv_len = key.shape[1], key.shape[2]
+    groups = hq // hk
     # (batch, kv_heads, groups*q, head_dim) @ (batch, kv_heads, head_dim, kv_len)
     logits = torch.matmul(query.reshape(b, hk, groups * q, d).float(), key.float().transpose(-1, -2)) * scaling
     logits = logits.view(b, hk, groups, q, kv_len)
@@ -75,10 +85,16 @@ def attention_scores(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor 
         logits = logits.masked_fill(~mask[:, :, None], float("-inf"))  # (batch, 1, 1, q, kv_len)
     else:
         logits = logits + mask[:, :, None].float()
-    probs = torch.softmax(logits, dim=-1).nan_to_num_(0.0).mean(2)  # (batch, kv_heads, q, kv_len)
+    return logits
+
+
+def _received(probs: torch.Tensor, query_valid: torch.Tensor | None) -> torch.Tensor:
+    """(batch, kv_heads, groups, q, kv_len) probabilities -> the attention each key received: averaged over the
+    query heads of its group, summed over the real queries; (batch, kv_heads, kv_len)."""
+    per_query = probs.mean(2)  # (batch, kv_heads, q, kv_len)
     if query_valid is not None:
-        probs = probs * query_valid[:, None, :, None]
-    return probs.sum(2)
+        per_query = per_query * query_valid[:, None, :, None]
+    return per_query.sum(2)
 
 
 def cascade_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
@@ -100,19 +116,11 @@ def cascade_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     b, hq, q, d = query.shape
     hk, kv, s = key.shape[1], key.shape[2], shared[0].shape[1]
     groups = hq // hk  # GQA: query heads i*groups .. i*groups + groups-1 read KV head i
-    qg = query.reshape(b, hk, groups * q, d).float()
     # (kv_heads, batch * groups * q, head_dim) @ (kv_heads, head_dim, s): every row's queries, one copy of the keys
-    flat = qg.transpose(0, 1).reshape(hk, b * groups * q, d)
+    flat = query.reshape(b, hk, groups * q, d).float().transpose(0, 1).reshape(hk, b * groups * q, d)
     logits_shared = (torch.matmul(flat, shared[0].float().transpose(-1, -2)) * scaling).view(hk, b, groups * q, s)
-    logits_own = torch.matmul(qg, key.float().transpose(-1, -2)) * scaling  # (batch, kv_heads, groups * q, kv)
-    if mask is None:
-        if q > 1:  # bottom-right causal over the own part; the shared part precedes every query
-            rows = torch.arange(q, device=key.device)[:, None] + kv - q  # query i sees keys up to kv - q + i
-            visible = torch.arange(kv, device=key.device)[None, :] <= rows
-            logits_own = logits_own.masked_fill(~visible.repeat(groups, 1), float("-inf"))
-    else:
-        m = mask[:, :, None].expand(b, 1, groups, q, kv).reshape(b, 1, groups * q, kv)
-        logits_own = logits_own.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else logits_own + m.float()
+    # the own part, masked as SDPA's mask says (the shared part precedes every query)
+    logits_own = _logits(query, key, mask, scaling).view(b, hk, groups * q, kv)
     top = torch.maximum(logits_shared.amax(-1).transpose(0, 1), logits_own.amax(-1))[..., None]  # (b, hk, g*q, 1)
     e_shared = (logits_shared - top.transpose(0, 1)).exp()  # (kv_heads, batch, groups * q, s)
     e_own = (logits_own - top).exp()
@@ -120,12 +128,7 @@ def cascade_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     out_shared = torch.matmul(e_shared.reshape(hk, b * groups * q, s), shared[1].float()).view(hk, b, groups * q, d)
     out = (out_shared.transpose(0, 1) + torch.matmul(e_own, value.float())) / total
     out = out.to(query.dtype).reshape(b, hq, q, d).transpose(1, 2).contiguous()
-    received = None
-    if scores:
-        probs = (e_own / total).view(b, hk, groups, q, kv).mean(2)  # (batch, kv_heads, q, kv)
-        if query_valid is not None:
-            probs = probs * query_valid[:, None, :, None]
-        received = probs.sum(2)
+    received = _received((e_own / total).view(b, hk, groups, q, kv), query_valid) if scores else None
     return out, received
 
 

@@ -68,6 +68,8 @@ class ModeSession:
             if self._pending and len(self._pending) != b:
                 raise ValueError(f"protect()/expect() got {len(self._pending)} rows, the batch has {b}")
             self.rows = self._pending or [RowState() for _ in range(b)]
+            if isinstance(self.cache, CompressedCache):  # a lone row has nothing to share: the plain SDPA path
+                self.cache.meta.cascade = b > 1  # a batch attends its rows' common prefix once
         elif b != self.batch:
             raise ValueError(f"batch size changed from {self.batch} to {b} within a session")
         flags = self._new_flags(attention_mask, b, q)
@@ -199,7 +201,6 @@ class ModeSession:
         record — with `observe`, only each row's last `observe` real queries."""
         if not isinstance(self.cache, CompressedCache):
             return None
-        self.cache.meta.cascade = self.batch > 1  # a lone row has nothing to share: the plain SDPA path
         scores = retention is not None and retention.uses_attention
         n = retention.observe if retention is not None else None
         if scores and n is not None and any(len(p) > n for p in positions):

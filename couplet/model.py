@@ -8,7 +8,9 @@ hub models. The model's dtype and device are chosen here once and recorded for t
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -49,6 +51,23 @@ class UnsupportedModel(ModelUnavailable):
     """A checkpoint that loads but does not speak this project's couplet format."""
 
 
+def _once(prefix: str) -> Callable[[logging.LogRecord], bool]:
+    """A logging filter that lets the first record starting with `prefix` through and drops the rest."""
+    seen = False
+
+    def keep(record: logging.LogRecord) -> bool:
+        nonlocal seen
+        if not record.getMessage().startswith(prefix):
+            return True
+        first, seen = not seen, True
+        return first
+
+    return keep
+
+
+_INT8_CAST_NOTE = _once("MatMul8bitLt: inputs will be cast")
+
+
 def quantization_config(weights: str | None, device: str, dtype: torch.dtype):
     """`BitsAndBytesConfig` for `--weights int8|nf4`; refused off CUDA (bitsandbytes' kernels are GPU ones —
     a CPU load would be silently full precision or fail deep inside)."""
@@ -63,6 +82,9 @@ def quantization_config(weights: str | None, device: str, dtype: torch.dtype):
     from transformers import BitsAndBytesConfig
 
     if weights == "int8":
+        # bitsandbytes logs "MatMul8bitLt: inputs will be cast from bfloat16 to float16" at every int8 matmul
+        # (hundreds per couplet, seen on the GPU check): once is information, the rest is noise
+        logging.getLogger("bitsandbytes.autograd._functions").addFilter(_INT8_CAST_NOTE)  # idempotent
         return BitsAndBytesConfig(load_in_8bit=True)
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype,
                               bnb_4bit_use_double_quant=True)
@@ -140,11 +162,15 @@ def load_model(name: str | None = None, device: str | None = None, dtype: str | 
     except UnsupportedFamily as e:
         raise UnsupportedModel(f"模型「{name or source}」：{e}") from None
     auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
+    # use_kernels=False: transformers (5.25) otherwise swaps layers for Hugging Face Hub kernels wherever the
+    # `kernels` package is installed and the model is placed on CUDA at load (the bitsandbytes path below):
+    # a download at load time, refused offline ("could not verify publisher trust status", seen on the GPU
+    # check), and layers that are no longer the ones our attention function and caches are tested with.
     if quant is not None:
         model = auto.from_pretrained(source, dtype=DTYPES[dtype_name], quantization_config=quant,
-                                     device_map={"": device})
+                                     device_map={"": device}, use_kernels=False)
     else:
-        model = auto.from_pretrained(source, dtype=DTYPES[dtype_name])
+        model = auto.from_pretrained(source, dtype=DTYPES[dtype_name], use_kernels=False)
         model.to(device)  # type: ignore[arg-type]  # transformers' stubs mistype the wrapped .to()
     model.eval()
     return LoadedModel(model, tokenizer, source, device, DTYPES[dtype_name], family, weights)

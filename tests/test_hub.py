@@ -102,6 +102,26 @@ def test_weight_quantization_is_refused_on_cpu_with_a_reason():
     assert "--weights int8 需要 CUDA" in cli.stderr
 
 
+def test_int8_weights_log_the_bitsandbytes_cast_note_once(caplog):
+    """bitsandbytes logs its bf16 -> fp16 cast at every int8 matmul (2,520 lines in one GPU check): the int8
+    config keeps the first and drops the rest; other records of that logger pass."""
+    import logging
+
+    import torch
+
+    from couplet.model import quantization_config
+
+    config = quantization_config("int8", "cuda", torch.bfloat16)  # builds the config only: no GPU needed
+    assert config.load_in_8bit
+    log = logging.getLogger("bitsandbytes.autograd._functions")
+    with caplog.at_level(logging.WARNING, logger=log.name):
+        for _ in range(3):
+            log.warning("MatMul8bitLt: inputs will be cast from %s to float16 during quantization", torch.bfloat16)
+        log.warning("something else")
+    messages = [r.getMessage() for r in caplog.records if r.name == log.name]
+    assert messages[-1] == "something else" and sum("inputs will be cast" in m for m in messages) <= 1
+
+
 def test_dtype_halves_the_weights():
     full = load_model(device="cpu", dtype="float32")
     half = load_model(device="cpu", dtype="bfloat16")

@@ -79,3 +79,22 @@ def test_a_batch_attends_its_common_prefix_once_and_each_row_writes_as_alone(tin
         for a, b in zip(logits, out, strict=True):
             torch.testing.assert_close(a[r], b[0], atol=atol, rtol=0)
     assert pool.total_refs() == 0
+
+
+def test_a_padding_query_row_sees_every_key_and_real_rows_keep_transformers_mask() -> None:
+    """A left-padding query row that may see no key would be NaN in CUDA's fused SDPA kernels (CPU returns
+    0) and spread through the next layer; `padded_sdpa_mask` lets it see every key, and changes nothing else."""
+    from transformers.masking_utils import sdpa_mask
+
+    from couplet.kvcache.attention import padded_sdpa_mask
+
+    pad = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]], dtype=torch.bool)  # row 0: two left-padding positions
+    want = sdpa_mask(batch_size=2, q_length=4, kv_length=4, attention_mask=pad, device="cpu")
+    got = padded_sdpa_mask(batch_size=2, q_length=4, kv_length=4, attention_mask=pad, device="cpu")
+    assert not want[0, 0, :2].any(-1).any()  # transformers leaves the padding rows fully masked
+    assert got[0, 0, :2].all()
+    assert torch.equal(got[0, 0, 2:], want[0, 0, 2:]) and torch.equal(got[1], want[1])
+    # a plain masked softmax (what a kernel without a fully-masked-row guard computes): NaN, then finite
+    logits = torch.randn(2, 1, 4, 4)
+    assert torch.softmax(logits.masked_fill(~want, float("-inf")), -1)[0, 0, :2].isnan().all()
+    assert torch.isfinite(torch.softmax(logits.masked_fill(~got, float("-inf")), -1)).all()

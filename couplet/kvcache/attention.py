@@ -1,7 +1,8 @@
 """A registered attention function: transformers' own SDPA path, plus a record of the attention paid.
 
 `install_attention(model)` registers `couplet_kv_sdpa` once, in both `AttentionInterface` (the attention
-function) and `AttentionMaskInterface` (its mask builder: exactly transformers' `sdpa_mask`), and switches
+function) and `AttentionMaskInterface` (its mask builder: transformers' `sdpa_mask`, padding query rows made
+finite: `padded_sdpa_mask`), and switches
 the model to it. Outputs are bit-identical to `attn_implementation="sdpa"`: the function returns what
 `sdpa_attention_forward` returns and never touches it. The model is never switched to eager.
 
@@ -159,12 +160,24 @@ def recording_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: 
     return out, None
 
 
+def padded_sdpa_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
+    """transformers' `sdpa_mask`, except that a query row which may see no key (a left-padding position of a
+    batched prefill) sees every key instead. Its output is never read (padding is masked as a key everywhere),
+    but it must be finite: CPU SDPA returns 0 for a fully masked row, while CUDA's fused kernels may return
+    NaN, which the next layer's 0 x NaN would spread into the row's real tokens. transformers no longer
+    patches such rows (`allow_torch_fix` is a no-op), so we do; real rows' masks are unchanged."""
+    mask = sdpa_mask(*args, **kwargs)
+    if mask is not None and mask.dtype == torch.bool:
+        mask = mask | ~mask.any(dim=-1, keepdim=True)
+    return mask
+
+
 def install_attention(model: Any) -> None:
     """Register (once) and select the recording SDPA attention for `model`. Idempotent; outputs identical to sdpa."""
     if ATTENTION_NAME not in AttentionInterface._global_mapping:
         AttentionInterface.register(ATTENTION_NAME, recording_sdpa_attention)
     if ATTENTION_NAME not in AttentionMaskInterface._global_mapping:
-        AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+        AttentionMaskInterface.register(ATTENTION_NAME, padded_sdpa_mask)
     if model.config._attn_implementation != ATTENTION_NAME:
         model.set_attn_implementation(ATTENTION_NAME)
         if model.config._attn_implementation != ATTENTION_NAME:

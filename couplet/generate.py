@@ -218,7 +218,8 @@ class Decoding:
             if any(len(p.prompt) < width for p in self.preps):
                 mask = torch.tensor([[0] * (width - len(p.prompt)) + [1] * len(p.prompt) for p in self.preps],
                                     device=self.lm.device)
-            out = self.session.forward(torch.tensor(ids, device=self.lm.device), attention_mask=mask)
+            out = self.session.forward(torch.tensor(ids, device=self.lm.device), attention_mask=mask,
+                                       logits_to_keep=1)
             self.logits = out[:, -1]
             # a prefix-pool hit computes only the rest: what the prefill cost each request
             return self._progress(0, [""] * len(self.preps), t0)
@@ -264,7 +265,7 @@ class Decoding:
                 # the line break (<mid>, or the family's) rides along with the last 上联 character
                 brk = list(lm.family.line_break) if line == 0 and pos == length - 1 else []
                 feed = [lm.char_ids(c) + brk for c in chars]
-                self.logits = self.session.forward(torch.tensor(feed, device=lm.device))[:, -1]
+                self.logits = self.session.forward(torch.tensor(feed, device=lm.device), logits_to_keep=1)[:, -1]
             out = self._progress(step, chars, t0, logprob)
             if self.done:
                 t1 = time.perf_counter()

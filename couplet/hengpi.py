@@ -36,8 +36,8 @@ SHORTLIST = 24
 def _mean_embedding(lm: LoadedModel, texts: list[str]) -> torch.Tensor:
     """(len(texts), hidden) mean input embedding of each text's characters, unit-normalised."""
     embeddings: torch.nn.Embedding = lm.model.get_input_embeddings()  # type: ignore[assignment]
-    table = embeddings.weight.detach().float()
-    rows = [table[torch.tensor(lm.char_ids(t), device=table.device)].mean(0) for t in texts]
+    table = embeddings.weight.detach()  # gathered first, then float32: not a float32 copy of the whole table
+    rows = [table[torch.tensor(lm.char_ids(t), device=table.device)].float().mean(0) for t in texts]
     return torch.nn.functional.normalize(torch.stack(rows), dim=-1)
 
 

@@ -51,8 +51,14 @@ class ModeSession:
         return len(self.rows)
 
     @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                logits_to_keep: int = 0) -> torch.Tensor:
         """Feed (batch, q) token ids; return the logits (batch, q', vocab) of this forward.
+
+        `logits_to_keep` k > 0: only the last k positions' logits (transformers' own argument of its causal
+        LMs; an encoder–decoder's decoder ignores it). Generation needs only the last one, and a prefill's
+        full (batch, prompt, vocab) logits are the largest activation of the forward: ~93 MB in bf16 for a
+        wave of 16 prompts of 415 tokens — more than the wave's whole KV cache.
 
         `attention_mask` (batch, q) — or HF-style (batch, past + q), whose last q columns are used — marks
         real tokens (1) and left padding (0); None means all real. q' == q, except on the first call of
@@ -86,7 +92,8 @@ class ModeSession:
         with recording(self._recording(retention, positions, valid_t)):
             if self.encoder is None:
                 out = self.model(input_ids=input_ids.to(self.device), attention_mask=mask,
-                                 position_ids=pos.clamp(min=0).long(), cache=self.cache, use_cache=True)
+                                 position_ids=pos.clamp(min=0).long(), cache=self.cache, use_cache=True,
+                                 logits_to_keep=logits_to_keep)
             else:  # the decoder's own positions come from the cache (relative bias in T5)
                 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 

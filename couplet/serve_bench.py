@@ -224,7 +224,7 @@ def main(cfg: ServeConfig) -> dict:
     # Warm-up, not measured: a process's first forwards pay one-off costs (the allocator, oneDNN/MKL primitive
     # caches, lazy imports; the CUDA context and kernels on a GPU) that would otherwise fall on `full`, measured
     # first, the reference of every ratio.
-    warm = min(len(typed), 2 * cfg.max_batch)
+    warm = min(len(typed), 32)  # two waves of 16: every code path, a few batch shapes
     for mode in modes:
         run_mode(lm, mode, budgets[0], cfg, typed[:warm], [0.0] * warm, preps)
     for budget in budgets:
@@ -249,7 +249,9 @@ def main(cfg: ServeConfig) -> dict:
                     print(f"budget {budget} MB, {name}: {json.dumps(row, default=str)}", file=sys.stderr, flush=True)
                 rows[name] = row
         out["runs"].append({"budget_mb": budget, "modes": rows})
-    out["modes"] = out["runs"][0]["modes"]
+        out["modes"] = out["runs"][0]["modes"]
+        if cfg.json:  # after every budget: a run stopped part-way (a time limit) keeps what it measured
+            Path(cfg.json).write_text(json.dumps(out, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
     out["engine_overhead"] = engine_overhead(lm) if cfg.backend == "local" else None
     print(markdown(out))
     if out["engine_overhead"]:

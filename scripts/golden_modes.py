@@ -3,9 +3,10 @@
     PYTHONPATH=. python scripts/golden_modes.py --write tests/golden/modes.json   # before a refactor
     PYTHONPATH=. python scripts/golden_modes.py --check tests/golden/modes.json   # after: what differs
 
-Each mode runs at its registry defaults, float32 on CPU, on a fresh prefix pool (so `shared` and `combo`
-see the same pool states in the same order every run). Per phrase it records the couplet, the 横批 and,
-per step, stored tokens, kv bytes, shared bytes and tokens computed.
+Each mode runs at its registry defaults, float32 on CPU (`--device cuda`: the CPU golden file checked on a
+GPU), on a fresh prefix pool (so `shared` and `combo` see the same pool states in the same order every run).
+Per phrase it records the couplet, the 横批 and, per step, stored tokens, kv bytes, shared bytes and tokens
+computed.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from couplet.model import load_model
 from couplet.text import CoupletInputError
 
 
-def run(phrases: list[str], modes: list[str], length: int) -> dict:
-    lm = load_model(dtype="float32", device="cpu")
+def run(phrases: list[str], modes: list[str], length: int, device: str = "cpu") -> dict:
+    lm = load_model(dtype="float32", device=device)
     out: dict = {"length": length, "modes": {}}
     for mode in modes:
         pool = PrefixPool()
@@ -68,6 +69,7 @@ def main() -> int:
     p.add_argument("--modes", default=None, help="comma-separated (default: every mode in the golden file/registry)")
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--length", type=int, default=7)
+    p.add_argument("--device", default="cpu", help="cuda: the CPU golden file against a GPU run (float32 both)")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--write")
     g.add_argument("--check")
@@ -76,7 +78,7 @@ def main() -> int:
     phrases = phrases[: args.limit]
     if args.write:
         modes = args.modes.split(",") if args.modes else list(MODES)
-        data = run(phrases, modes, args.length)
+        data = run(phrases, modes, args.length, args.device)
         Path(args.write).parent.mkdir(parents=True, exist_ok=True)
         Path(args.write).write_text(json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n",
                                     encoding="utf-8")
@@ -84,7 +86,7 @@ def main() -> int:
     golden = json.loads(Path(args.check).read_text(encoding="utf-8"))
     modes = args.modes.split(",") if args.modes else list(golden["modes"])
     golden["modes"] = {m: {k: v for k, v in golden["modes"][m].items() if k in phrases} for m in modes}
-    diffs = compare(golden, run(phrases, modes, golden["length"]))
+    diffs = compare(golden, run(phrases, modes, golden["length"], args.device))
     total = sum(len(r) for r in golden["modes"].values())
     print(f"{total - len({d.split(':')[0] for d in diffs})} of {total} (mode, phrase) identical "
           f"in couplet and bytes per step; {len(diffs)} differ")

@@ -3,6 +3,7 @@ back through the Auto classes, for fast unit tests. No download: built from a co
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -44,9 +45,10 @@ def tiny_lm(tiny_checkpoint):
 
 @pytest.fixture(scope="session")
 def embedded_lm():
-    """The real embedded model from assets/model."""
+    """The real embedded model from assets/model, float32, on CPU (`COUPLET_TEST_DEVICE=cuda`: on a GPU, as
+    scripts/gpu_check.sh runs the engine's tests there)."""
     from couplet.model import EMBEDDED_MODEL, load_model
 
     if not (EMBEDDED_MODEL / "model.safetensors").exists():
         pytest.fail("the embedded model is missing: assets/model/model.safetensors must be committed")
-    return load_model(str(EMBEDDED_MODEL), device="cpu", dtype="float32")
+    return load_model(str(EMBEDDED_MODEL), device=os.environ.get("COUPLET_TEST_DEVICE", "cpu"), dtype="float32")

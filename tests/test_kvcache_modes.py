@@ -212,8 +212,15 @@ def test_the_prefill_holds_no_more_than_the_engine_reserves(tiny_causal_lm, mode
         last.store.update = measured
         session.expect([len(prompt) + 4])
         session.forward(torch.tensor([prompt]))
-    full_prompt = len(prompt) * KVGeometry.of(tiny_causal_lm).token_bytes
+    geometry = KVGeometry.of(tiny_causal_lm)
+    full_prompt = len(prompt) * geometry.token_bytes
     assert held and 0 < held[-1] <= bound <= full_prompt
+    composition = make_mode(mode).compose()
+    if composition.sharing is None and composition.storage.residual == 0 and MODE_INFO[mode].byte_target < 1.0 \
+            and composition.retention is None:  # int8, int4: the prompt is quantized layer by layer
+        per_token = 2 * geometry.layers * geometry.kv_heads * composition.storage.row_bytes(geometry.head_dim,
+                                                                                          geometry.dtype_bytes)
+        assert held[-1] <= len(prompt) * per_token < full_prompt  # never all layers at full precision at once
     if make_mode(mode).compose().sharing is not None and MODE_INFO[mode].byte_target < 1.0:
         assert bound <= full_prompt / 2  # a quantized pool mode admits a prefill at a fraction of the prompt
 

@@ -71,16 +71,18 @@ def test_store_returns_new_tokens_at_full_precision() -> None:
     store = QuantStore(4, None, residual=0)
     x = torch.randn(1, 2, 5, 8)
     k, v = store.update(x, x)
-    assert torch.equal(k, x) and store.residual_len == 5  # quantized after the forward that used them
-    QuantStore.flush_all([store])
-    assert store.residual_len == 0 and store.length == 5
+    # a prefill (several tokens) is attended at full precision and quantized at once, in its own layer
+    assert torch.equal(k, x) and store.residual_len == 0 and store.n_quantized == 5
     y = torch.randn(1, 2, 1, 8)
     k, _ = store.update(y, y)
     assert torch.equal(k[:, :, -1:], y) and not torch.equal(k[:, :, :5], x)  # old rows come back dequantized
+    assert store.residual_len == 1  # one token per step: quantized after the forward, all layers at once
+    QuantStore.flush_all([store])
+    assert store.residual_len == 0 and store.length == 6
     other = QuantStore(4, None, residual=0)
-    other.update(x, x)
+    other.update(y, y)
     other.update(y, y)  # nobody flushed in between: the store catches up itself
-    assert other.residual_len == 1 and other.n_quantized == 5
+    assert other.residual_len == 1 and other.n_quantized == 1
 
 
 def test_flushing_all_layers_at_once_equals_one_by_one() -> None:

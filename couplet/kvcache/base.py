@@ -77,8 +77,9 @@ class Composition:
         from then on). What a serving engine admits by. `shared_prefix`: the prompt tokens every request in a
         batch shares (the house prefix); None: all of them (a request alone).
 
-        The prefill may hold every prompt token at full precision until the forward ends (a store quantizes,
-        a retention policy evicts, after the forward). With a pool, the prompt's whole blocks are computed
+        The prefill may hold every prompt token at full precision until the forward ends (a retention policy
+        evicts after the forward); a quantized store quantizes a prefill layer by layer, so it holds the prompt
+        in its format plus one layer at full precision. With a pool, the prompt's whole blocks are computed
         into it before the prefill (`Sharing._complete_chains`): a block the pool refuses (its byte budget)
         stays with the request, but in the store's format, so only the rest of the prompt — and the block
         being computed — are held at full precision; the bound assumes the pool refuses everything. From then
@@ -90,6 +91,9 @@ class Composition:
                                                                                      geometry.dtype_bytes)
         residual = self.storage.residual * geometry.token_bytes
         prefill = prompt * geometry.token_bytes
+        if per_token < geometry.token_bytes:  # a quantized store quantizes a prefill layer by layer
+            layer = -(-prompt * geometry.token_bytes // geometry.layers)  # one layer's rows at full precision
+            prefill = min(prefill, int(prompt * per_token + 0.999) + layer + residual)
         pooled = 0
         if self.sharing is not None:
             bs = self.sharing.block_size

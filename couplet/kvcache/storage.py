@@ -132,7 +132,8 @@ class QuantStore:
     and such rows cannot be gathered one by one (no eviction).
     Attention sees old rows dequantized (a transient copy) and the tokens of the current step at full
     precision; after the forward, `flush_all` quantizes whatever left the residual (all layers in one call;
-    a store that was not flushed catches up on its next update).
+    a store that was not flushed catches up on its next update). A multi-token update (a prefill) is
+    quantized at once, in its own layer.
     """
 
     def __init__(self, bits: int, group: int | None, residual: int, symmetric: bool = True,
@@ -214,6 +215,14 @@ class QuantStore:
         if valid is not None and self.key_axis == "channel":
             new = torch.where(valid[None, :, None, :, None], new, torch.zeros((), dtype=new.dtype, device=new.device))
         self.res = new if self.res is None else torch.cat([self.res, new], dim=-2)
+        if new.shape[-2] > 1:
+            # Several tokens at once (a prefill): quantized now, layer by layer, not after the forward with
+            # every layer's. The same values are quantized either way, and attention still sees them at full
+            # precision (`full`, a transient); but a prompt is no longer held at full precision in all layers
+            # at once, so a request's prefill peak is its prompt in the store's format plus one layer's
+            # transient (`Composition.owned_peak_bytes`): more requests fit in a KV budget when they arrive.
+            # One token per step stays deferred (`flush_all`: one quantize call for all layers).
+            self._flush()
         keys, values = full.unbind(0)
         return keys, values
 

@@ -56,6 +56,7 @@ class ServeConfig:
     budgets: list[float] | None = None  # MB; None = room for 8 `full` requests (+ the pool)
     pool_mb: float = 4.0
     max_batch: int = 16
+    min_wave: int | None = None  # EngineConfig.min_wave: a new wave waits for this many rows while others run
     seed: int = 0
     model: str | None = None
     device: str | None = None
@@ -108,7 +109,7 @@ def run_mode(lm: LoadedModel, mode: str, budget_mb: float, cfg: ServeConfig, typ
     # after `full` found its couplets' 横批 already chosen (95-100% are `full`'s couplets) and looked faster.
     hengpi.clear_cache()
     engine = Engine(lm, EngineConfig(kv_budget_mb=budget_mb, pool_mb=cfg.pool_mb, max_batch=cfg.max_batch,
-                                     max_waiting=cfg.visitors))
+                                     min_wave=cfg.min_wave, max_waiting=cfg.visitors))
     samples: list[tuple[int, int]] = []  # (in flight, resident bytes) every 10 ms
     stop = threading.Event()
 
@@ -163,6 +164,8 @@ def run_mode(lm: LoadedModel, mode: str, budget_mb: float, cfg: ServeConfig, typ
         "tpot_p50_ms": pct(tpot, 50), "tpot_p90_ms": pct(tpot, 90), "tpot_p99_ms": pct(tpot, 99),
         "e2e_p50_ms": pct(e2e, 50), "e2e_p90_ms": pct(e2e, 90), "e2e_p99_ms": pct(e2e, 99),
         "pool_refs_after": stats.pool_refs,
+        # waves advanced per worker round: forwards per decode step (a GPU's cost at this size: README)
+        "forwards_per_step": stats.forwards / stats.rounds if stats.rounds else 0.0,
         # real device memory above the weights (KV caches, activations, allocator slack); None on CPU
         "device_peak_bytes": torch.cuda.max_memory_allocated() - base if cuda else None,
     }
@@ -270,12 +273,13 @@ def markdown(out: dict) -> str:
         lines += [f"\n### budget {run['budget_mb']} MB, {out['config']['visitors']} visitors, {out['device']}, "
                   f"{out['dtype']}\n",
                   "| mode | tok/s | vs full | concurrency mean / peak | KV / request | resident peak | prefix hits |"
-                  " prefill computed | TTFT p50 / p99 ms | TPOT p50 / p99 ms | E2E p99 ms | identical |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                  " prefill computed | TTFT p50 / p99 ms | TPOT p50 / p99 ms | E2E p99 ms | identical |"
+                  " forwards / step |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         own = []
         for mode, r in run["modes"].items():
             if "unmeasured" in r:
-                lines.append(f"| `{mode}` | not measured: {r['unmeasured']} |" + " |" * 10)
+                lines.append(f"| `{mode}` | not measured: {r['unmeasured']} |" + " |" * 11)
                 continue
             if r.get("vllm_bench_serve"):
                 own.append((mode, r["vllm_bench_serve"]))
@@ -285,7 +289,7 @@ def markdown(out: dict) -> str:
                 f"{r['kv_per_request_bytes'] / 1024:.0f} KB | {r['resident_kv_peak_bytes'] / MB:.1f} MB | "
                 f"{r['prefix_hit_rate']:.0%} | {r['prefill_tokens_ratio']:.0%} | "
                 f"{r['ttft_p50_ms']:.0f} / {r['ttft_p99_ms']:.0f} | {r['tpot_p50_ms']:.1f} / {r['tpot_p99_ms']:.1f} | "
-                f"{r['e2e_p99_ms']:.0f} | {r['identical_rate']:.0%} |")
+                f"{r['e2e_p99_ms']:.0f} | {r['identical_rate']:.0%} | {r.get('forwards_per_step', float('nan')):.2f} |")
         if own:
             lines += ["\nvLLM's own `bench serve` on the same prompts (rules off, same output length):\n",
                       "| server | req/s | output tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms |",
@@ -323,6 +327,9 @@ def parse_args(argv: list[str]) -> ServeConfig:
                    help="KV budgets in MB, comma-separated (default: 8 full requests + the pool)")
     p.add_argument("--pool-mb", type=float, default=4.0)
     p.add_argument("--max-batch", type=int, default=16)
+    p.add_argument("--min-wave", type=int, default=None,
+                   help="while waves run, start a new one only with this many rows (or every waiting request); "
+                        "default half of --max-batch, 1 admits whatever fits")
     p.add_argument("--seed", type=int, default=0)
     add_model_args(p)
     add_backend_args(p)

@@ -62,6 +62,32 @@ def test_admission_keeps_reservations_within_the_budget(embedded_lm) -> None:
     assert all(t.admitted is not None and t.first_token is not None and t.finished is not None for t in tickets)
 
 
+def test_min_wave_holds_newcomers_for_a_fuller_wave_instead_of_staggered_small_ones(embedded_lm) -> None:
+    """`window` reserves its whole prompt for the prefill and about half of it after: the room freed after a
+    prefill admits one newcomer as a wave of its own (two forwards per step). With min_wave=2 it waits for the
+    running wave to end, and every step is one forward; the couplets are the same."""
+    prep = prepare(embedded_lm, CoupletRequest("吉祥如意"))
+    probe = Engine(embedded_lm, EngineConfig(kv_budget_mb=64, pool_mb=1))
+    one = probe.submit(CoupletRequest("吉祥如意"), "window", prep=prep)
+    list(one)
+    probe.close()
+    prefill, decode = one.reserve_prefill, one.reserve_decode
+    assert prefill >= 1.5 * decode  # what makes the stagger
+    budget_mb = 1 + (2 * prefill + decode // 2) / 2**20  # two prefills at once; then room for one more
+    runs = {}
+    for min_wave in (1, 2):
+        config = EngineConfig(kv_budget_mb=budget_mb, pool_mb=1, min_wave=min_wave)
+        with Engine(embedded_lm, config) as engine:
+            tickets = [engine.submit(CoupletRequest("吉祥如意"), "window", prep=prep) for _ in range(6)]
+            couplets = {(r.upper, r.lower) for r in (list(t)[-1].result for t in tickets)}
+            wait_idle(engine)
+            st = engine.stats()
+        assert st.peak_reserved_bytes <= engine.budget and st.reserved_bytes == 0
+        runs[min_wave] = (st.forwards / st.rounds, couplets)
+    assert runs[1][0] > 1.0 and runs[2][0] == 1.0  # staggered waves, then one wave at a time
+    assert runs[1][1] == runs[2][1] and len(runs[1][1]) == 1
+
+
 def test_a_full_queue_and_an_oversized_request_are_refused_in_chinese(embedded_lm) -> None:
     prep = prepare(embedded_lm, CoupletRequest("春风"))
     with Engine(embedded_lm, EngineConfig(kv_budget_mb=1.5, pool_mb=1)) as engine:

@@ -13,9 +13,10 @@ Defaults (int8, ratio 1.0: no eviction), measured at the long prompt (a ~415-tok
 it the house prefix every visitor shares). The earlier defaults (int4, ratio 0.5) spent the whole budget on
 the prompt and evicted nearly every generated token: on a burst of 100 Zipf visitors at 14 MB (CPU float32)
 they wrote 0% of `full`'s couplets at 57 KB per request. int4 without eviction: 30% identical (first 40 dev
-phrases). int8 without eviction: 95% identical at 110 KB per request (0.085x `full`, pool share included),
-with 8.1x `full`'s concurrency at the same budget (2026-12-04, `assets/bench/serve.json`; 5.5x before a pool
-mode's prefill reserved only what it can hold). One request alone holds about int8's 0.53x (bf16).
+phrases). int8 without eviction: 95% identical at 108 KB per request (0.084x `full`, pool share included),
+with 7.0x `full`'s concurrency at the same budget (2026-12-04, `assets/bench/serve.json`; 8.1x when the
+engine admitted whatever fit, before `EngineConfig.min_wave`; 5.5x before a pool mode's prefill reserved only
+what it can hold). One request alone holds about int8's 0.53x (bf16).
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@
 # Offline GPU machines (no package index): the wheels of what the machine lacks go in .whl/ (or
 # $GPU_CHECK_WHEELS; `bash scripts/gpu_wheels.sh` downloads them where an index is reachable) and are
 # installed from there, no index asked; otherwise requirements.txt is installed from the index. The
-# machine's own CUDA torch is always kept. GPU_CHECK_ONLY / GPU_CHECK_MODES / GPU_CHECK_MODES_05B choose
-# steps and modes (a second run in the time left, as on 2026-12-04: README, "GPU check (H200)").
+# machine's own CUDA torch is always kept. GPU_CHECK_ONLY / GPU_CHECK_MODES / GPU_CHECK_MODES_05B /
+# GPU_CHECK_MIN_WAVE choose steps, modes and the engine's admission rule (a second run in the time left,
+# as on 2026-12-04: README, "GPU check (H200)").
 # GPU_CHECK_DEVICE=cpu GPU_CHECK_QUICK=1 runs the same steps on CPU at toy sizes (to test this script).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -79,13 +80,16 @@ if sys.argv[1] == "cuda":
 PY
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
 
-if [ "$QUICK" = 1 ]; then V1=12; V2=6; LIMIT=2; SHAPE=small; else V1=200; V2=64; LIMIT=12; SHAPE=qwen2.5-0.5b; fi
+if [ "$QUICK" = 1 ]; then V1=12; V2=6; LIMIT=2; SHAPE=small; else V1=150; V2=48; LIMIT=12; SHAPE=qwen2.5-0.5b; fi
 MODES="${GPU_CHECK_MODES:-all}"                               # the embedded model's serving benchmark
 MODES_05B="${GPU_CHECK_MODES_05B:-full,int8,int4,shared,combo}"  # the 0.5B shape's (retention modes: see README)
 DT=bfloat16; [ "$DEVICE" = cpu ] && DT=float32
 # rows in one wave: a GPU forward costs about the same for 16 rows as for 64 (launch-bound at this size), so
 # the waves are as wide as the budget lets `combo` go (~57 at the default budget on CPU, where 16 is used)
 MB_ROWS=64; [ "$DEVICE" = cpu ] && MB_ROWS=16
+# the engine's min_wave (default: half of the wave): GPU_CHECK_MIN_WAVE=1 for the A/B against admitting
+# whatever fits (the 2026-12-04 runs predate the rule)
+WAVE_ARGS=(); [ -n "${GPU_CHECK_MIN_WAVE:-}" ] && WAVE_ARGS=(--min-wave "$GPU_CHECK_MIN_WAVE")
 
 # --- 1. correctness: the CPU golden couplets (float32) re-run on this device, every mode ----------------
 step golden "golden couplets, float32 on $DEVICE against the CPU golden file ($LIMIT phrases x 8 modes)" 40 \
@@ -99,14 +103,14 @@ step tests "engine tests, embedded model float32 on $DEVICE" 45 \
 # --- 2. the serving benchmark, embedded model, at the default budget (8 `full` requests + the pool) -------
 step serve "serve bench, embedded model, $DT, $V1 visitors, modes $MODES, default budget, waves of $MB_ROWS" 140 \
   $PY -m couplet.bench serve --device "$DEVICE" --dtype "$DT" --visitors "$V1" --modes "$MODES" \
-  --max-batch "$MB_ROWS" --json "$OUT/serve_embedded.json" --plot "$OUT/serve_embedded.html"
+  --max-batch "$MB_ROWS" "${WAVE_ARGS[@]}" --json "$OUT/serve_embedded.json" --plot "$OUT/serve_embedded.html"
 
 # --- 3. the same at a realistic scale: a random model of Qwen2.5-0.5B's shape (our vocabulary) ---------
 CK=/tmp/gpu_check_${SHAPE}
 step 05b "random checkpoint at $SHAPE's shape" 25 $PY scripts/random_checkpoint.py --shape "$SHAPE" --out "$CK"
 step 05b "serve bench, $SHAPE shape, $DT, $V2 visitors, modes $MODES_05B, default budget, waves of $MB_ROWS" 100 \
   $PY -m couplet.bench serve --model "$CK" --device "$DEVICE" --dtype "$DT" --visitors "$V2" --modes "$MODES_05B" \
-  --max-batch "$MB_ROWS" --json "$OUT/serve_05b.json"
+  --max-batch "$MB_ROWS" "${WAVE_ARGS[@]}" --json "$OUT/serve_05b.json"
 
 # --- 4. device memory per mode from the JSONs ------------------------------------------------------------
 step memory "device memory above the weights" 10 $PY - "$OUT" <<'PY'

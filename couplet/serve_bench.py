@@ -55,7 +55,7 @@ class ServeConfig:
     zipf: float = 1.1
     budgets: list[float] | None = None  # MB; None = room for 8 `full` requests (+ the pool)
     pool_mb: float = 4.0
-    max_batch: int = 16
+    max_batch: int = 64  # EngineConfig.max_batch
     min_wave: int | None = None  # EngineConfig.min_wave: a new wave waits for this many rows while others run
     seed: int = 0
     model: str | None = None
@@ -326,7 +326,7 @@ def parse_args(argv: list[str]) -> ServeConfig:
     p.add_argument("--budgets", type=lambda t: [float(x) for x in t.split(",")], default=None,
                    help="KV budgets in MB, comma-separated (default: 8 full requests + the pool)")
     p.add_argument("--pool-mb", type=float, default=4.0)
-    p.add_argument("--max-batch", type=int, default=16)
+    p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--min-wave", type=int, default=None,
                    help="while waves run, start a new one only with this many rows (or every waiting request); "
                         "default half of --max-batch, 1 admits whatever fits")

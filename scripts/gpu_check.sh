@@ -84,9 +84,9 @@ if [ "$QUICK" = 1 ]; then V1=12; V2=6; LIMIT=2; SHAPE=small; else V1=150; V2=48;
 MODES="${GPU_CHECK_MODES:-all}"                               # the embedded model's serving benchmark
 MODES_05B="${GPU_CHECK_MODES_05B:-full,int8,int4,shared,combo}"  # the 0.5B shape's (retention modes: see README)
 DT=bfloat16; [ "$DEVICE" = cpu ] && DT=float32
-# rows in one wave: a GPU forward costs about the same for 16 rows as for 64 (launch-bound at this size), so
-# the waves are as wide as the budget lets `combo` go (~57 at the default budget on CPU, where 16 is used)
-MB_ROWS=64; [ "$DEVICE" = cpu ] && MB_ROWS=16
+# rows in one wave (the engine's default): a GPU forward costs about the same for 16 rows as for 64
+# (launch-bound at this size), so the waves are as wide as the budget lets `combo` go
+MB_ROWS=64
 # the engine's min_wave (default: half of the wave): GPU_CHECK_MIN_WAVE=1 for the A/B against admitting
 # whatever fits (the 2026-12-04 runs predate the rule)
 WAVE_ARGS=(); [ -n "${GPU_CHECK_MIN_WAVE:-}" ] && WAVE_ARGS=(--min-wave "$GPU_CHECK_MIN_WAVE")

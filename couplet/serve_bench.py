@@ -55,8 +55,8 @@ class ServeConfig:
     zipf: float = 1.1
     budgets: list[float] | None = None  # MB; None = room for 8 `full` requests (+ the pool)
     pool_mb: float = 4.0
-    max_batch: int = 64  # EngineConfig.max_batch
-    min_wave: int | None = None  # EngineConfig.min_wave: a new wave waits for this many rows while others run
+    max_batch: int = EngineConfig.max_batch  # the engine's defaults, one source
+    min_wave: int | None = EngineConfig.min_wave  # a new wave waits for this many rows while others run
     seed: int = 0
     model: str | None = None
     device: str | None = None
@@ -227,7 +227,7 @@ def main(cfg: ServeConfig) -> dict:
     # Warm-up, not measured: a process's first forwards pay one-off costs (the allocator, oneDNN/MKL primitive
     # caches, lazy imports; the CUDA context and kernels on a GPU) that would otherwise fall on `full`, measured
     # first, the reference of every ratio.
-    warm = min(len(typed), 32)  # two waves of 16: every code path, a few batch shapes
+    warm = min(len(typed), 32)  # 32 visitors, whatever --max-batch: every code path, a few batch shapes
     for mode in modes:
         run_mode(lm, mode, budgets[0], cfg, typed[:warm], [0.0] * warm, preps)
     for budget in budgets:
@@ -326,7 +326,7 @@ def parse_args(argv: list[str]) -> ServeConfig:
     p.add_argument("--budgets", type=lambda t: [float(x) for x in t.split(",")], default=None,
                    help="KV budgets in MB, comma-separated (default: 8 full requests + the pool)")
     p.add_argument("--pool-mb", type=float, default=4.0)
-    p.add_argument("--max-batch", type=int, default=64)
+    p.add_argument("--max-batch", type=int, default=ServeConfig.max_batch)
     p.add_argument("--min-wave", type=int, default=None,
                    help="while waves run, start a new one only with this many rows (or every waiting request); "
                         "default half of --max-batch, 1 admits whatever fits")

@@ -17,8 +17,9 @@ their own tickets.
 Admission: a request reserves the KV bytes it can own (`Composition.owned_peak_bytes`: its prefill, during
 which the prompt is held at full precision — a quantized store's in its format, but for one layer — then its
 steady peak under its mode); it is admitted when the reservation fits beside what the admitted requests
-reserve, in arrival order — while other waves run, only as a wave of at least `min_wave` rows (or every request waiting), since each wave costs one forward per
-step and small waves started in the room freed by each prefill multiply them. Past `max_waiting` waiting
+reserve, in arrival order — while other waves run, only as a wave of at least `min_wave` rows (or every
+request waiting), since each wave costs one forward per step and small waves started in the room freed by
+each prefill multiply them. Past `max_waiting` waiting
 requests, `submit` refuses with `EngineBusy` (a Chinese message for the page). The prefix pool is the
 engine's own, inside the total: requests get `kv_budget - pool budget`.
 

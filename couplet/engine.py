@@ -25,6 +25,12 @@ engine's own, inside the total: requests get `kv_budget - pool budget`.
 
 A cancelled request (the visitor left) stops receiving progress; its wave ends early if all its rows are
 cancelled, and the wave's session is closed when it ends, releasing its pool blocks.
+
+Finishing runs on a second thread. When a wave's last step is written, its cache is closed and its
+reservation returned at once; choosing each row's 横批 (`hengpi`: a scoring forward of ~25 short sequences per
+couplet, on CPU more compute than the couplet's own prefill) is handed to the finisher, which delivers each
+row's last Progress, with its result, as soon as that row's 横批 is chosen. The model's worker meanwhile
+prefills and decodes the next waves — a pipeline, as vLLM's output processor runs beside its engine core.
 """
 
 from __future__ import annotations
@@ -96,6 +102,7 @@ class Ticket:
     finished: float | None = None
     events: queue.Queue = field(default_factory=queue.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    decoded: float | None = None  # its couplet written (and its cache released); `finished`: the 横批 too
     reserved: int = 0  # bytes reserved now
     kv_bytes: int = 0  # what its cache holds, as of its last step
 
@@ -131,6 +138,7 @@ class EngineStats:
     peak_reserved_bytes: int
     forwards: int = 0  # wave advances (one forward each: a prefill or a step)
     rounds: int = 0  # worker rounds that advanced at least one wave; forwards / rounds = waves per step
+    finishing: int = 0  # couplets written (caches released) whose 横批 the finisher is still choosing
 
 
 class Engine:
@@ -148,10 +156,15 @@ class Engine:
         self._peak_reserved = 0
         self._peak_in_flight = 0
         self._forwards = self._rounds = 0
+        self._finishing = 0
         self._lock = threading.Condition()
         self._closed = False
+        # (wave, [(row, ticket, its last Progress)]) for the finisher; None stops it
+        self._to_finish: queue.Queue[tuple[Wave, list[tuple[int, Ticket, Progress]]] | None] = queue.Queue()
         self._worker = threading.Thread(target=self._run, name="couplet-engine", daemon=True)
+        self._finisher = threading.Thread(target=self._run_finisher, name="couplet-finisher", daemon=True)
         self._worker.start()
+        self._finisher.start()
 
     # ---- the caller's side ----
     def submit(self, request: CoupletRequest, mode: str, prompt: PromptConfig = DEFAULT_PROMPT,
@@ -217,13 +230,15 @@ class Engine:
             kv = sum(t.kv_bytes for t in tickets)
             return EngineStats(len(tickets), len(self._waiting), self._reserved, kv, self.pool.nbytes,
                                self.pool.total_refs(), self._peak_in_flight, self._peak_reserved,
-                               self._forwards, self._rounds)
+                               self._forwards, self._rounds, self._finishing)
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             self._lock.notify_all()
         self._worker.join(timeout=30)
+        self._to_finish.put(None)  # after what the worker handed over: those rows are still finished
+        self._finisher.join(timeout=30)
 
     def __enter__(self) -> Engine:
         return self
@@ -290,7 +305,7 @@ class Engine:
                     t.reserve_prefill, t.reserve_decode = top_prefill, top_decode
                     t.reserved = top_prefill
                 try:
-                    decoding = Decoding(self.lm, [t.prep for t in group], mode, self.pool)
+                    decoding = Decoding(self.lm, [t.prep for t in group], mode, self.pool, finish_inline=False)
                 except Exception as e:  # admitted, so no longer waiting: this wave's visitors hear of it here
                     for t in group:
                         self._reserved -= t.reserved
@@ -315,30 +330,58 @@ class Engine:
             return
         wave.started = True
         now = time.perf_counter()
+        last = wave.decoding.done  # its Progress goes out with the result, from the finisher
         for t, p in zip(wave.tickets, out, strict=True):
             t.kv_bytes = p.record.kv_bytes
             if t.first_token is None and p.record.step == 1:
                 t.first_token = now
-            if not t.cancelled.is_set():
+            if not t.cancelled.is_set() and not last:
                 t.events.put(p)
         if prefill:
             with self._lock:  # the prefill is over: each row now reserves its steady peak only
                 for t in wave.tickets:
                     self._reserved += t.reserve_decode - t.reserved
                     t.reserved = t.reserve_decode
-        if wave.decoding.done:
-            self._finish(wave, None)
+        if last:
+            self._finish(wave, None, out)
 
-    def _finish(self, wave: Wave, error: BaseException | None) -> None:
+    def _finish(self, wave: Wave, error: BaseException | None, last: list[Progress] | None = None) -> None:
+        """The wave is over: its cache closed, its reservation returned. With `last` (it wrote its couplets) the
+        rows still wanted go to the finisher for their 横批; every other ticket ends here, with `error`."""
         wave.decoding.close()
         now = time.perf_counter()
+        handed: list[tuple[int, Ticket, Progress]] = []
         with self._lock:
             self._waves.remove(wave)
-            for t in wave.tickets:
+            for r, t in enumerate(wave.tickets):
                 self._reserved -= t.reserved
                 t.reserved = t.kv_bytes = 0
-                t.finished = now
-                t.events.put(error)
+                t.decoded = now
+                if last is not None and not t.cancelled.is_set():
+                    handed.append((r, t, last[r]))
+                else:
+                    t.finished = now
+                    t.events.put(error)
+            self._finishing += len(handed)
+        if handed:
+            self._to_finish.put((wave, handed))
+
+    def _run_finisher(self) -> None:
+        """Each handed row: its result (its 横批) attached, then its last Progress and the end delivered."""
+        while (item := self._to_finish.get()) is not None:
+            wave, handed = item
+            for r, t, progress in handed:
+                outcome: BaseException | None = None
+                if not t.cancelled.is_set():  # a visitor who left meanwhile costs no scoring
+                    try:
+                        wave.decoding.attach_result(r, progress)
+                        t.events.put(progress)
+                    except Exception as e:  # the row's visitor hears of it; the finisher goes on
+                        outcome = e
+                t.finished = time.perf_counter()
+                t.events.put(outcome)
+                with self._lock:
+                    self._finishing -= 1
 
     def _fail_all(self, error: BaseException) -> None:
         for wave in list(self._waves):

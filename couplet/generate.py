@@ -161,21 +161,23 @@ class Decoding:
     left-padded in one session): `prefill()`, then `step()` once per character until `done`.
 
     Every call returns one Progress per row, its StepRecord new each time; the last step's carry the
-    results. `seconds` is this decoding's own compute time, whatever runs between its calls (other modes
-    interleaved, a UI redraw). With `follow=(upper, lower)` (one row) the loop is teacher-forced along that
-    couplet instead of choosing, and each Progress carries the model's log-probability of the followed
-    character (for NLL deltas). Runs under `torch.inference_mode()` per call, never across calls. A row's
-    couplet does not depend on the others in its batch (padding is masked; tested against running alone).
+    results (with `finish_inline=False`, once the caller's `attach_result` has run). `seconds` is this
+    decoding's own compute time, whatever runs between its calls (other modes interleaved, a UI redraw).
+    With `follow=(upper, lower)` (one row) the loop is teacher-forced along that couplet instead of choosing,
+    and each Progress carries the model's log-probability of the followed character (for NLL deltas). Runs
+    under `torch.inference_mode()` per call, never across calls. A row's couplet does not depend on the others
+    in its batch (padding is masked; tested against running alone).
     """
 
     def __init__(self, lm: LoadedModel, preps: Sequence[Prepared], mode: str, pool: PrefixPool | None = None,
-                 follow: tuple[str, str] | None = None, **mode_options) -> None:
+                 follow: tuple[str, str] | None = None, finish_inline: bool = True, **mode_options) -> None:
         lengths = {p.length for p in preps}
         if len(lengths) != 1 or (follow is not None and len(preps) != 1):
             raise ValueError("a batch holds requests of one line length (and follows one couplet at most)")
         if (refusal := lm.family.mode_refusal(mode)) is not None:
             raise ValueError(refusal)
         self.lm, self.preps, self.mode, self.follow = lm, list(preps), mode, follow
+        self.finish_inline = finish_inline
         self.length = lengths.pop()
         self.session = make_mode(mode, **mode_options).new_session(lm.model, pool=pool)
         self.constraints = [LineConstraints(lm.chars, p.placement, p.length, p.voice, p.context.borrowed,
@@ -267,15 +269,20 @@ class Decoding:
                 feed = [lm.char_ids(c) + brk for c in chars]
                 self.logits = self.session.forward(torch.tensor(feed, device=lm.device), logits_to_keep=1)[:, -1]
             out = self._progress(step, chars, t0, logprob)
-            if self.done:
-                t1 = time.perf_counter()
-                for r, progress in enumerate(out):
-                    progress.result = self._result(r)
-                self.seconds += time.perf_counter() - t1
-                for progress in out:
-                    assert progress.result is not None
-                    progress.result.seconds = self.seconds
-            return out
+        if self.done and self.finish_inline:
+            for r, progress in enumerate(out):
+                self.attach_result(r, progress)
+        return out
+
+    def attach_result(self, r: int, progress: Progress) -> None:
+        """Row r's result — its 横批 chosen (a scoring forward of its own, `hengpi`), its checks — onto the last
+        step's Progress; its `seconds` are the decoding's plus its own finishing. `step` does this for every row
+        unless the caller finishes them itself (`finish_inline=False`: the engine, on its own thread, so that
+        the model's worker decodes on meanwhile). Needs no cache: callable after `close()`."""
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            progress.result = self._result(r)
+        progress.result.seconds = self.seconds + time.perf_counter() - t0
 
     def _progress(self, step: int, chars: list[str], t0: float, logprob: float | None = None) -> list[Progress]:
         alloc, peak = _device_memory(self.lm.device)

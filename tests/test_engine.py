@@ -124,3 +124,21 @@ def test_cancelled_requests_end_and_release_what_they_held(embedded_lm) -> None:
         wait_idle(engine)
         st = engine.stats()
         assert st.pool_refs == 0 and st.reserved_bytes == 0 and st.kv_bytes == 0
+
+
+def test_the_finisher_chooses_the_hengpi_after_the_cache_is_released(embedded_lm) -> None:
+    """A wave's couplets written, its cache and reservation are returned at once; each row's 横批 is chosen on
+    the finisher's thread and its last Progress arrives with the result, every step's Progress exactly once."""
+    with Engine(embedded_lm, EngineConfig(kv_budget_mb=64, pool_mb=8)) as engine:
+        tickets = [engine.submit(CoupletRequest(p), "int8") for p in PHRASES]
+        for t in tickets:
+            progress = list(t)
+            steps = [p.record.step for p in progress]
+            assert steps == list(range(len(steps))) and steps[-1] == 2 * t.prep.length
+            assert all(p.result is None for p in progress[:-1]) and progress[-1].result is not None
+            assert progress[-1].result.hengpi and t.reserved == 0  # released before the 横批 arrived
+            assert t.admitted is not None and t.first_token is not None and t.decoded is not None
+            assert t.admitted <= t.first_token <= t.decoded <= t.finished
+        wait_idle(engine)
+        st = engine.stats()
+        assert st.finishing == 0 and st.reserved_bytes == 0 and st.pool_refs == 0

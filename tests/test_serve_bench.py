@@ -30,6 +30,8 @@ def test_serve_reports_every_figure_per_mode(tiny_checkpoint, tmp_path, capsys) 
                     "tpot_p50_ms", "identical_rate"):
             assert r[key] >= 0, (mode, key)
         assert r["visitors"] == 6 and r["pool_refs_after"] == 0
+        # the couplets are all written before the last 横批 is chosen (the finisher works beside the worker)
+        assert r["generation_tok_s"] >= r["throughput_tok_s"] > 0 and r["generation_ratio"] > 0
     assert out["modes"]["shared"]["identical_rate"] == 1.0  # lossless
     # waves of 2: later waves find the house prefix in the pool (rows of one wave prefill together, cold)
     assert out["modes"]["shared"]["prefill_tokens_ratio"] < 0.7 < out["modes"]["full"]["prefill_tokens_ratio"]

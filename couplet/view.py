@@ -163,7 +163,8 @@ def peak_panel_html(bench: Mapping | None) -> str:
     lead = ""
     if full and combo:
         lead = (f"<p>KV 预算 {run['budget_mb']:g} MB：完整缓存平均同时接待 {full['admitted_concurrency']:.1f} 位访客，"
-                f"组合策略 {combo['admitted_concurrency']:.1f} 位。</p>")
+                f"组合策略 {combo['admitted_concurrency']:.1f} 位；组合策略每秒写出的字是完整缓存的 "
+                f"{combo['throughput_ratio']:.2f} 倍。</p>")
     table = f'<table class="modes peak">{head}{"".join(bars)}</table>'
     return f'<div id="peak-panel">{lead}{table}{bench_source_html(bench)}</div>'
 

@@ -16,8 +16,11 @@ def bench(modes: dict[str, float]) -> dict:
 
 
 def test_the_peak_panel_says_how_many_each_mode_holds_and_where_the_figures_come_from() -> None:
-    html = peak_panel_html(bench({"full": 6.7, "combo": 28.1}))
-    assert "KV 预算 14 MB：完整缓存平均同时接待 6.7 位访客，组合策略 28.1 位。" in html
+    data = bench({"full": 6.7, "combo": 28.1})
+    data["runs"][0]["modes"]["combo"]["throughput_ratio"] = 2.6
+    html = peak_panel_html(data)
+    assert ("KV 预算 14 MB：完整缓存平均同时接待 6.7 位访客，组合策略 28.1 位；"
+            "组合策略每秒写出的字是完整缓存的 2.60 倍。") in html
     assert re.findall(r'<tr data-mode="(\w+)"', html) == ["full", "combo"]
     widths = [float(w) for w in re.findall(r'class="bar" style="width:(\d+)%', html)]
     assert widths == [24.0, 100.0]  # bars scale with the mean concurrency

@@ -84,6 +84,8 @@ def _logits(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, s
             logits = logits.masked_fill(~visible, float("-inf"))
     elif mask.dtype == torch.bool:
         logits = logits.masked_fill(~mask[:, :, None], float("-inf"))  # (batch, 1, 1, q, kv_len)
+    elif mask.shape[1] == hq and hq > 1:  # per query head (`with_merged_slot`'s bias)
+        logits = logits + mask.float().view(b, hk, groups, q, kv_len)
     else:
         logits = logits + mask[:, :, None].float()
     return logits
@@ -153,11 +155,53 @@ def recording_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: 
         if received is not None:
             layer.record(received)
         return out, None
+    own = key.shape[2]
+    merging = layer is not None and getattr(layer, "merging", False)
+    if merging and layer is not None and layer.merged is not None:  # the evicted tokens' slots (`merge_evicted`)
+        key, value, attention_mask = with_merged_slot(query, key, value, attention_mask, layer.merged)
     out = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)[0]
+    if merging:  # what the next merge weighs by: the last query (scaled) and its logits over every slot
+        assert layer is not None
+        mask = None if attention_mask is None else attention_mask[:, :, -1:]
+        logits = _logits(query[:, :, -1:], key, mask, float(scaling)).flatten(1, 2)[:, :, 0]  # (b, q_heads, kv)
+        if layer.merged is None:  # no merged slots yet: theirs are empty (-inf), for one layout
+            groups = query.shape[1] // key.shape[1]
+            logits = torch.cat([logits, logits.new_full((*logits.shape[:2], groups), float("-inf"))], dim=-1)
+        layer.last_query, layer.last_logits = query[:, :, -1].float() * float(scaling), logits
     if wants:
         assert rec is not None and layer is not None
-        layer.record(attention_scores(query, key, attention_mask, float(scaling), rec.query_valid))
+        layer.record(attention_scores(query, key, attention_mask, float(scaling), rec.query_valid)[..., :own])
     return out, None
+
+
+def with_merged_slot(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                     merged: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """keys/values (batch, kv_heads, kv, head_dim) + the merged slots: one per query head, `groups` per KV head
+    (slot j of KV head h serves query head h * groups + j only), and the float mask (batch, q_heads, q,
+    kv + groups) that gives each its query head's bias (the log of the mass it stands for) and hides it from
+    the group's other heads. merged: (keys, values (batch, kv_heads, groups, head_dim), bias (batch, q_heads));
+    None: empty slots (bias -inf). mask as SDPA's (None: causal)."""
+    b, hq, q, d = query.shape
+    hk, kv = key.shape[1], key.shape[2]
+    groups = hq // hk
+    if merged is None:
+        zeros = key.new_zeros(b, hk, groups, d)
+        merged = (zeros, zeros, torch.full((b, hq), float("-inf"), device=query.device))
+    mk, mv, bias = merged
+    if mask is None:  # bottom-right causal over the stored keys, as SDPA's is_causal would be
+        rows = torch.arange(q, device=key.device)[:, None] + (kv - q)
+        base = torch.zeros(b, 1, q, kv, device=query.device).masked_fill(
+            torch.arange(kv, device=key.device)[None, :] > rows, float("-inf"))
+    elif mask.dtype == torch.bool:
+        base = torch.zeros(mask.shape, device=query.device).masked_fill(~mask, float("-inf"))
+    else:
+        base = mask.float()
+    own = torch.eye(groups, dtype=torch.bool, device=query.device).repeat(hk, 1)  # (q_heads, groups)
+    slots = bias[:, :, None].masked_fill(~own[None], float("-inf"))  # (batch, q_heads, groups)
+    full = torch.cat([base[..., :kv].expand(b, hq, q, kv), slots[:, :, None, :].expand(b, hq, q, groups)], dim=-1)
+    return (torch.cat([key, mk.to(key.dtype)], dim=2), torch.cat([value, mv.to(value.dtype)], dim=2),
+            full.to(query.dtype))
 
 
 def padded_sdpa_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:

@@ -140,6 +140,13 @@ def build_session(name: str, parts: Composition, model: Any, pool: PrefixPool | 
                             track_positions=retention is not None,
                             score_decay=1.0 if retention is None else retention.score_decay)
     sharing = None if parts.sharing is None else parts.sharing.sharing(model, pool, parts.storage.codec())
+    if retention is not None and retention.merge:
+        if sharing is not None:  # cascade attention over pool blocks has no merged slot
+            raise ValueError("merge cannot be combined with a prefix pool")
+        config = model.config.get_text_config()
+        cache.merged_slots = config.num_attention_heads // cache.geometry.kv_heads  # one per query head
+        for layer in cache.compressed:
+            layer.merging = True
     return ModeSession(name, model, cache, retention=retention, sharing=sharing)
 
 

@@ -137,6 +137,13 @@ class CompressedLayer(DynamicLayer):
         self.common_len = 0  # their tokens: attended once for the whole batch when `meta.cascade` (see `update`)
         # this forward's common prefix, (kv_heads, common_len, head_dim) keys and values, for the attention function
         self.cascade_kv: tuple[torch.Tensor, torch.Tensor] | None = None
+        # A retention policy's `merge`: the evicted tokens folded into one slot per query head, attended after the
+        # owned slots (`attention.with_merged_slot`): keys, values (batch, kv_heads, groups, head_dim), bias
+        # (batch, q_heads). The attention function leaves the last query (scaled) and its logits for the merge.
+        self.merging = False
+        self.merged: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self.last_query: torch.Tensor | None = None  # (batch, q_heads, head_dim)
+        self.last_logits: torch.Tensor | None = None  # (batch, q_heads, owned + groups)
 
     @property
     def pos(self) -> torch.Tensor | None:
@@ -232,7 +239,7 @@ class CompressedLayer(DynamicLayer):
             self.meta.received.append((self.index, scores[..., prefix:]))
 
     def kv_nbytes(self) -> int:
-        return self.store.nbytes()
+        return self.store.nbytes() + (storage_bytes(list(self.merged)) if self.merged is not None else 0)
 
 
 class CompressedCache(Cache):
@@ -248,6 +255,7 @@ class CompressedCache(Cache):
         self.compressed = [CompressedLayer(make_store, self.meta, i) for i in range(layers)]
         super().__init__(layers=list(self.compressed))  # the same layer objects, typed for this package
         self._feeding = 0
+        self.merged_slots = 0  # with a retention policy's `merge`: its slots per KV head (the query heads it serves)
 
     def begin(self, positions: torch.Tensor, valid: torch.Tensor | None) -> None:
         """Positions (batch, q) int32 (-1 for padding) and validity of the tokens about to be fed."""

@@ -71,6 +71,7 @@ class Retention:
     floor: int
     recent: int = 0
     keep_prompt: bool = False
+    merge: bool = False  # fold what is evicted into one slot per KV head (`merge_evicted`)
     uses_attention: ClassVar[bool] = False  # record attention received per slot (`ScoreView.attention`)
     prefill_only: ClassVar[bool] = False  # evict once, after the first forward (the prompt), then never again
 
@@ -80,6 +81,7 @@ class Retention:
         check_int("floor", self.floor, 1)
         check_int("recent", self.recent, 0)
         check_bool("keep_prompt", self.keep_prompt)
+        check_bool("merge", self.merge)
 
     @property
     def observe(self) -> int | None:
@@ -120,10 +122,12 @@ class RowState:
     expected: int | None = None  # the whole logical length at the end of the request, if the caller said
 
 
-def keep_counts(retention: Retention, rows: list[RowState], prefix_len: int, residual: int) -> list[int]:
-    """Per row, how many candidate slots to keep: the budget left after the prefix and the residual, but never
-    fewer than the forced ones (sinks, the whole prompt if `keep_prompt`, the recent window) — the safety
-    net holds even when a shared prefix has used up the budget."""
+def keep_counts(retention: Retention, rows: list[RowState], prefix_len: int, residual: int,
+                merged: int = 0, held: bool = False) -> list[int]:
+    """Per row, how many candidate slots to keep: the budget left after the prefix, the residual and the
+    `merged` slots (`merge`: once `held`, or as soon as anything is evicted), but never fewer than the forced
+    ones (sinks, the whole prompt if `keep_prompt`, the recent window) — the safety net holds even when a
+    shared prefix has used up the budget."""
     out = []
     for row in rows:
         owned = len(row.valid)
@@ -131,7 +135,10 @@ def keep_counts(retention: Retention, rows: list[RowState], prefix_len: int, res
         n = row.seen
         forced = set(range(forced_below(retention, row))) | set(range(max(0, n - retention.recent), n))
         n_forced = sum(1 for p in forced if prefix_len <= p < n - tail_valid)
-        out.append(min(cand_valid, max(retention.budget(n, row.expected) - prefix_len - tail_valid, n_forced)))
+        room = retention.budget(n, row.expected) - prefix_len - tail_valid
+        if held or room < cand_valid:  # once anything is evicted, the merged slots take their room from the budget
+            room -= merged
+        out.append(min(cand_valid, max(room, n_forced)))
     return out
 
 
@@ -144,7 +151,8 @@ def evict(retention: Retention, cache: CompressedCache, rows: list[RowState], pr
     """Shrink every row to its budget, the same way in every layer (equal physical lengths)."""
     residual = cache.compressed[0].store.residual_len
     owned = len(rows[0].valid)
-    keep = keep_counts(retention, rows, prefix_len, residual)
+    merged = cache.merged_slots if retention.merge else 0
+    keep = keep_counts(retention, rows, prefix_len, residual, merged, cache.compressed[0].merged is not None)
     if all(k >= sum(r.valid[: owned - residual]) for k, r in zip(keep, rows, strict=True)):
         return
     dev = cache.meta.device
@@ -156,7 +164,10 @@ def evict(retention: Retention, cache: CompressedCache, rows: list[RowState], pr
                                                                       device=dev)  # batch 1: no padding, no filler
     assert cache.meta.pos is not None
     view = ScoreView(cache.meta.pos, cache.meta.score, per_row[:, 0].float().view(1, -1, 1, 1), cache)
-    cache.evict(plan(retention, view, valid, residual, keep, per_row[:, 1], protected), keep_residual=True)
+    index = plan(retention, view, valid, residual, keep, per_row[:, 1], protected)
+    if retention.merge:
+        merge_evicted(cache, index)
+    cache.evict(index, keep_residual=True)
     width = max(keep)
     for k, row in zip(keep, rows, strict=True):
         row.valid = [True] * k + [False] * (width - k) + row.valid[owned - residual:]
@@ -196,3 +207,38 @@ def plan(retention: Retention, view: ScoreView, valid: torch.Tensor | None, resi
     return index
 
 
+
+
+def merge_evicted(cache: CompressedCache, index: torch.Tensor) -> None:
+    """Fold the owned slots about to be evicted (those not in `index`, (layers, batch, kv_heads, kept)) into each
+    layer's merged slots, one per query head, with what each already holds — as the cache-merging methods do
+    (CaM, Zhang et al. 2024; D2O, Wan et al. 2024), weighted by the last query's attention. For query head j:
+
+        β_j = logsumexp of its logits over (evicted ∪ its merged slot)     (the mass they had)
+        w = softmax of those logits;  k̄_j = Σ w k,  v̄_j = Σ w v
+        bias_j = β_j − q_j · k̄_j   (so that the last query gives the slot exactly the mass β_j)
+
+    For the last query the attention output is then exactly what it was over every token; later queries see
+    the slot through k̄_j, so its share follows what they ask. transformers' cache layers have no notion of a
+    merged slot (nor SDPA of a per-key bias without a float mask), hence this by hand."""
+    for layer, kept in zip(cache.compressed, index.unbind(0), strict=True):
+        kv = layer.store.kv()
+        if layer.last_logits is None or layer.last_query is None or kv is None:
+            continue
+        keys, values = kv
+        b, hk, s, d = keys.shape
+        hq = layer.last_logits.shape[1]
+        groups = hq // hk
+        evicted = torch.ones(b, hk, s, dtype=torch.bool, device=keys.device).scatter_(2, kept, False)
+        own = torch.eye(groups, dtype=torch.bool, device=keys.device).repeat(hk, 1)  # (q_heads, groups)
+        logits = torch.cat([  # (batch, q_heads, s + 1): the evicted slots, then the head's own merged slot
+            layer.last_logits[..., :s].masked_fill(~evicted.repeat_interleave(groups, dim=1), float("-inf")),
+            layer.last_logits[..., s:].masked_fill(~own[None], float("-inf")).amax(-1, keepdim=True)], dim=-1)
+        beta = torch.logsumexp(logits, dim=-1)  # -inf where nothing was ever evicted
+        w = torch.softmax(logits, dim=-1).nan_to_num_(0.0).view(b, hk, groups, s + 1)
+        old_k, old_v = (layer.merged[0], layer.merged[1]) if layer.merged is not None else \
+            (keys.new_zeros(b, hk, groups, d), values.new_zeros(b, hk, groups, d))
+        mk = torch.matmul(w[..., :s], keys.float()) + w[..., s:] * old_k.float()  # (batch, kv_heads, groups, d)
+        mv = torch.matmul(w[..., :s], values.float()) + w[..., s:] * old_v.float()
+        q_dot_k = (layer.last_query.view(b, hk, groups, d) * mk).sum(-1).view(b, hq)
+        layer.merged = (mk.to(keys.dtype), mv.to(values.dtype), beta - q_dot_k)

@@ -261,7 +261,6 @@ class Engine:
                     self._fail_all(e)
                     continue
                 waves = list(self._waves)
-                self._forwards += len(waves)
                 self._rounds += bool(waves)
             for wave in waves:
                 self._advance(wave)
@@ -323,6 +322,7 @@ class Engine:
             self._finish(wave, None)
             return
         prefill = not wave.started
+        self._forwards += 1  # only the worker writes it; a wave whose rows all left (above) runs none
         try:
             out = wave.decoding.prefill() if prefill else wave.decoding.step()
         except Exception as e:  # a failure must reach this wave's visitors, not kill the worker

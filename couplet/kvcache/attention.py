@@ -37,6 +37,9 @@ class Recording:
     layers: list[Any]
     query_valid: torch.Tensor | None  # (batch, q) bool; None = all real
     scores: bool = True
+    # only the last `observe` queries are recorded (the others are invalid in query_valid): the rest are not
+    # even computed (SnapKV's observation window: 8 of a ~415-token prefill's queries)
+    observe: int | None = None
 
 
 _ACTIVE: ContextVar[Recording | None] = ContextVar("couplet_kv_recording", default=None)
@@ -170,7 +173,12 @@ def recording_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: 
         layer.last_query, layer.last_logits = query[:, :, -1].float() * float(scaling), logits
     if wants:
         assert rec is not None and layer is not None
-        layer.record(attention_scores(query, key, attention_mask, float(scaling), rec.query_valid)[..., :own])
+        mask, valid = attention_mask, rec.query_valid
+        if rec.observe is not None and query.shape[2] > rec.observe:  # left-padded: the last columns are real
+            query = query[:, :, -rec.observe:]
+            mask = None if mask is None else mask[:, :, -rec.observe:]
+            valid = None if valid is None else valid[:, -rec.observe:]
+        layer.record(attention_scores(query, key, mask, float(scaling), valid)[..., :own])
     return out, None
 
 

@@ -210,11 +210,14 @@ class ModeSession:
             return None
         scores = retention is not None and retention.uses_attention
         n = retention.observe if retention is not None else None
+        observe = None
         if scores and n is not None and any(len(p) > n for p in positions):
             last = [max(p, default=-1) + 1 - n for p in positions]
-            valid = torch.tensor([[x >= 0 and x >= lo for x in p] for p, lo in zip(positions, last, strict=True)],
-                                 dtype=torch.bool, device=self.device)
-        return Recording(self.cache.compressed, valid, scores)
+            flags = [[x >= 0 and x >= lo for x in p] for p, lo in zip(positions, last, strict=True)]
+            valid = torch.tensor(flags, dtype=torch.bool, device=self.device)
+            if not any(any(row[:-n]) for row in flags):  # all within the last n columns (left padding)
+                observe = n
+        return Recording(self.cache.compressed, valid, scores, observe)
 
     def _mask_2d(self, flags: Flags, q: int) -> torch.Tensor | None:
         """(batch, logical + q) mask: zeros for columns no longer stored, then one flag per stored slot (prefix,

@@ -356,7 +356,8 @@ class Engine:
             for r, t in enumerate(wave.tickets):
                 self._reserved -= t.reserved
                 t.reserved = t.kv_bytes = 0
-                t.decoded = now
+                if last is not None:  # its couplet written (a failed or abandoned wave wrote none)
+                    t.decoded = now
                 if last is not None and not t.cancelled.is_set():
                     handed.append((r, t, last[r]))
                 else:

@@ -358,11 +358,11 @@ class Engine:
                 t.reserved = t.kv_bytes = 0
                 if last is not None:  # its couplet written (a failed or abandoned wave wrote none)
                     t.decoded = now
-                if last is not None and not t.cancelled.is_set():
-                    handed.append((r, t, last[r]))
-                else:
-                    t.finished = now
-                    t.events.put(error)
+                    if not t.cancelled.is_set():
+                        handed.append((r, t, last[r]))
+                        continue
+                t.finished = now
+                t.events.put(error)
             self._finishing += len(handed)
         if handed:
             self._to_finish.put((wave, handed))

@@ -81,10 +81,8 @@ def _logits(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, s
     logits = torch.matmul(query.reshape(b, hk, groups * q, d).float(), key.float().transpose(-1, -2)) * scaling
     logits = logits.view(b, hk, groups, q, kv_len)
     if mask is None:
-        if q > 1:  # bottom-right causal: query i sees keys up to kv_len - q + i
-            rows = torch.arange(q, device=key.device)[:, None] + (kv_len - q)
-            visible = torch.arange(kv_len, device=key.device)[None, :] <= rows
-            logits = logits.masked_fill(~visible, float("-inf"))
+        if q > 1:
+            logits = logits.masked_fill(~causal_visible(q, kv_len, key.device), float("-inf"))
     elif mask.dtype == torch.bool:
         logits = logits.masked_fill(~mask[:, :, None], float("-inf"))  # (batch, 1, 1, q, kv_len)
     elif mask.shape[1] == hq and hq > 1:  # per query head (`with_merged_slot`'s bias)
@@ -92,6 +90,16 @@ def _logits(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, s
     else:
         logits = logits + mask[:, :, None].float()
     return logits
+
+
+def causal_visible(q: int, kv: int, device: torch.device) -> torch.Tensor:
+    """(q, kv) bool, bottom-right causal: query i sees keys up to kv - q + i (SDPA's `is_causal` over a cache)."""
+    return torch.arange(kv, device=device)[None, :] <= torch.arange(q, device=device)[:, None] + (kv - q)
+
+
+def merged_slot_owners(kv_heads: int, groups: int, device: torch.device) -> torch.Tensor:
+    """(q_heads, groups) bool: merged slot j of a KV head serves its query head j only (`with_merged_slot`)."""
+    return torch.eye(groups, dtype=torch.bool, device=device).repeat(kv_heads, 1)
 
 
 def _received(probs: torch.Tensor, query_valid: torch.Tensor | None) -> torch.Tensor:
@@ -183,30 +191,25 @@ def recording_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: 
 
 
 def with_merged_slot(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-                     merged: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
+                     merged: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """keys/values (batch, kv_heads, kv, head_dim) + the merged slots: one per query head, `groups` per KV head
     (slot j of KV head h serves query head h * groups + j only), and the float mask (batch, q_heads, q,
     kv + groups) that gives each its query head's bias (the log of the mass it stands for) and hides it from
-    the group's other heads. merged: (keys, values (batch, kv_heads, groups, head_dim), bias (batch, q_heads));
-    None: empty slots (bias -inf). mask as SDPA's (None: causal)."""
-    b, hq, q, d = query.shape
+    the group's other heads. merged: (keys, values (batch, kv_heads, groups, head_dim), bias (batch, q_heads)).
+    mask as SDPA's (None: causal)."""
+    b, hq, q, _ = query.shape
     hk, kv = key.shape[1], key.shape[2]
-    groups = hq // hk
-    if merged is None:
-        zeros = key.new_zeros(b, hk, groups, d)
-        merged = (zeros, zeros, torch.full((b, hq), float("-inf"), device=query.device))
     mk, mv, bias = merged
-    if mask is None:  # bottom-right causal over the stored keys, as SDPA's is_causal would be
-        rows = torch.arange(q, device=key.device)[:, None] + (kv - q)
+    if mask is None:  # causal over the stored keys, as SDPA's is_causal would be
         base = torch.zeros(b, 1, q, kv, device=query.device).masked_fill(
-            torch.arange(kv, device=key.device)[None, :] > rows, float("-inf"))
+            ~causal_visible(q, kv, key.device), float("-inf"))
     elif mask.dtype == torch.bool:
         base = torch.zeros(mask.shape, device=query.device).masked_fill(~mask, float("-inf"))
     else:
         base = mask.float()
-    own = torch.eye(groups, dtype=torch.bool, device=query.device).repeat(hk, 1)  # (q_heads, groups)
-    slots = bias[:, :, None].masked_fill(~own[None], float("-inf"))  # (batch, q_heads, groups)
+    groups = hq // hk
+    slots = bias[:, :, None].masked_fill(~merged_slot_owners(hk, groups, query.device)[None], float("-inf"))
     full = torch.cat([base[..., :kv].expand(b, hq, q, kv), slots[:, :, None, :].expand(b, hq, q, groups)], dim=-1)
     return (torch.cat([key, mk.to(key.dtype)], dim=2), torch.cat([value, mv.to(value.dtype)], dim=2),
             full.to(query.dtype))

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
+from couplet.kvcache.attention import merged_slot_owners
 from couplet.kvcache.base import Composition, check_bool, check_int, check_ratio
 
 if TYPE_CHECKING:
@@ -71,7 +72,7 @@ class Retention:
     floor: int
     recent: int = 0
     keep_prompt: bool = False
-    merge: bool = False  # fold what is evicted into one slot per KV head (`merge_evicted`)
+    merge: bool = False  # fold what is evicted into one slot per query head (`merge_evicted`)
     uses_attention: ClassVar[bool] = False  # record attention received per slot (`ScoreView.attention`)
     prefill_only: ClassVar[bool] = False  # evict once, after the first forward (the prompt), then never again
 
@@ -207,8 +208,6 @@ def plan(retention: Retention, view: ScoreView, valid: torch.Tensor | None, resi
     return index
 
 
-
-
 def merge_evicted(cache: CompressedCache, index: torch.Tensor) -> None:
     """Fold the owned slots about to be evicted (those not in `index`, (layers, batch, kv_heads, kept)) into each
     layer's merged slots, one per query head, with what each already holds — as the cache-merging methods do
@@ -230,7 +229,7 @@ def merge_evicted(cache: CompressedCache, index: torch.Tensor) -> None:
         hq = layer.last_logits.shape[1]
         groups = hq // hk
         evicted = torch.ones(b, hk, s, dtype=torch.bool, device=keys.device).scatter_(2, kept, False)
-        own = torch.eye(groups, dtype=torch.bool, device=keys.device).repeat(hk, 1)  # (q_heads, groups)
+        own = merged_slot_owners(hk, groups, keys.device)  # (q_heads, groups)
         logits = torch.cat([  # (batch, q_heads, s + 1): the evicted slots, then the head's own merged slot
             layer.last_logits[..., :s].masked_fill(~evicted.repeat_interleave(groups, dim=1), float("-inf")),
             layer.last_logits[..., s:].masked_fill(~own[None], float("-inf")).amax(-1, keepdim=True)], dim=-1)

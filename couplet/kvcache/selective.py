@@ -46,7 +46,7 @@ class SelectivePolicy(Retention, Policy):
     floor: int = 4
     decay: float = 0.5
     keep_prompt: bool = False
-    merge: bool = False  # fold the evicted tokens into one slot per KV head (`retention.merge_evicted`)
+    merge: bool = False  # fold the evicted tokens into one slot per query head (`retention.merge_evicted`)
 
     uses_attention: ClassVar[bool] = True
 

@@ -31,7 +31,7 @@ class SnapKVPolicy(Retention, Policy):
     kernel: int = 5  # max-pooling width over neighbouring positions (odd)
     floor: int = 4
     sinks: int = 0
-    merge: bool = False  # fold the evicted tokens into one slot per KV head (`retention.merge_evicted`)
+    merge: bool = False  # fold the evicted tokens into one slot per query head (`retention.merge_evicted`)
     uses_attention: ClassVar[bool] = True
     prefill_only: ClassVar[bool] = True
 

@@ -27,7 +27,7 @@ class WindowPolicy(Retention, Policy):
     ratio: float = 0.5
     sinks: int = 0
     floor: int = 4
-    merge: bool = False  # fold the evicted tokens into one slot per KV head (`retention.merge_evicted`)
+    merge: bool = False  # fold the evicted tokens into one slot per query head (`retention.merge_evicted`)
 
     def score(self, view: ScoreView) -> torch.Tensor:
         return (view.pos.float() + 1) / view.seen  # the newest token scores 1, older ones less

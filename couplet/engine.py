@@ -35,6 +35,7 @@ prefills and decodes the next waves — a pipeline, as vLLM's output processor r
 
 from __future__ import annotations
 
+import hashlib
 import queue
 import threading
 import time
@@ -46,6 +47,8 @@ from couplet.events import CoupletResult
 from couplet.generate import CoupletRequest, Decoding, Prepared, Progress, Round, lockstep, prepare
 from couplet.kvcache import PrefixPool, make_mode, parse_modes
 from couplet.kvcache.layer import KVGeometry
+from couplet.kvcache.pool import Lease, chain_keys
+from couplet.kvcache.sharing import model_namespace
 from couplet.lexicon import DEFAULT_VOICE, VoiceConfig
 from couplet.model import LoadedModel
 from couplet.prompt import DEFAULT_PROMPT, HouseCouplet, PromptConfig
@@ -75,12 +78,20 @@ class EngineConfig:
     # for 64 (README, "GPU check"); on CPU too the waiting paid for itself (README, serving engine). 1:
     # admit whatever fits at once.
     min_wave: int | None = None
+    # Cache-aware waves (SGLang's longest-prefix-match scheduling, in waves): a pool mode's waiting requests
+    # with the very same prompt (popular keywords: the same exemplars), at least this many, are admitted
+    # together as a wave of their own, pulled forward from wherever they wait. Every whole block of their
+    # prompt is then shared — a mixed wave shares only the house prefix — and since the pool leases room
+    # for those blocks (`PrefixPool.lease`), each row reserves only the rest of its prompt and its couplet,
+    # so many more fit the budget. 0: off (arrival order only).
+    prefix_wave: int = 4
 
     def __post_init__(self) -> None:
         if not 0 <= self.pool_mb < self.kv_budget_mb:
             raise ValueError(f"pool_mb must be in [0, kv_budget_mb), got {self.pool_mb} of {self.kv_budget_mb}")
-        if self.max_batch < 1 or self.max_waiting < 0 or (self.min_wave is not None and self.min_wave < 1):
-            raise ValueError("max_batch and min_wave must be >= 1, max_waiting >= 0")
+        if self.max_batch < 1 or self.max_waiting < 0 or (self.min_wave is not None and self.min_wave < 1) \
+                or self.prefix_wave < 0:
+            raise ValueError("max_batch and min_wave must be >= 1, max_waiting and prefix_wave >= 0")
 
     @property
     def wave_floor(self) -> int:
@@ -105,6 +116,7 @@ class Ticket:
     decoded: float | None = None  # its couplet written (and its cache released); `finished`: the 横批 too
     reserved: int = 0  # bytes reserved now
     kv_bytes: int = 0  # what its cache holds, as of its last step
+    prompt_id: bytes | None = None  # a pool mode's (mode, length, prompt) digest: who may share its whole prompt
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -124,6 +136,7 @@ class Wave:
     decoding: Decoding
     tickets: list[Ticket]
     started: bool = False
+    lease: Lease | None = None  # a cache-aware wave's pool room, held until its prefill has referenced the blocks
 
 
 @dataclass(frozen=True)
@@ -180,6 +193,9 @@ class Engine:
         prefill, decode = make_mode(mode).compose().owned_peak_bytes(len(prep.prompt), total, self.geometry,
                                                                      shared_prefix=shared)
         ticket = Ticket(prep, mode, max(prefill, decode), decode)  # the prefill may be the smaller (full)
+        if self.config.prefix_wave and make_mode(mode).compose().sharing is not None:
+            ticket.prompt_id = hashlib.blake2b(f"{mode}|{prep.length}|{prep.duixia}".encode()
+                                               + bytes(str(prep.prompt), "ascii"), digest_size=16).digest()
         if max(prefill, decode) > self.budget:
             raise EngineBusy(f"{BUSY_MESSAGE}（单个请求需 {max(prefill, decode) / MB:.1f} MB，超出总预算）")
         with self._lock:
@@ -270,7 +286,8 @@ class Engine:
         admitted in the same round share a wave. While other waves run, a round too small (`wave_floor`) waits
         for a fuller one. A wave is left-padded to its longest prompt, so each of its
         rows reserves what its largest row does (padding slots take memory too). An encoder–decoder's waves
-        also hold one task."""
+        also hold one task. A pool mode's request whose very prompt at least `prefix_wave` requests are
+        waiting with takes them all (up to `max_batch`) into a cache-aware wave of their own (`_prompt_wave`)."""
         if any(t.cancelled.is_set() for t in self._waiting):  # visitors who left while waiting: gone
             kept: deque[Ticket] = deque()
             for t in self._waiting:
@@ -279,42 +296,96 @@ class Engine:
                 else:
                     kept.append(t)
             self._waiting = kept
+        same: dict[bytes, list[Ticket]] = {}  # waiting requests by prompt (pool modes), in arrival order
+        if self.config.prefix_wave:
+            for t in self._waiting:
+                if t.prompt_id is not None:
+                    same.setdefault(t.prompt_id, []).append(t)
         new: dict[tuple[str, int, bool], list[Ticket]] = {}
+        own: list[tuple[list[Ticket], Lease, int, int]] = []  # cache-aware waves: rows, lease, reservations
+        placed: set[int] = set()
         by_task = self.lm.family.encoder_decoder  # its 对下联 rows feed no 上联: a wave of one task
         taken, reserve = 0, 0  # planned first: nothing is admitted if the round is too small (min_wave)
         for t in self._waiting:
+            if id(t) in placed:
+                continue
+            family = same.get(t.prompt_id) if t.prompt_id is not None else None
+            if family is not None and len(family) >= self.config.prefix_wave:
+                rows = [x for x in family if id(x) not in placed][: self.config.max_batch]
+                planned = self._prompt_wave(rows, self.budget - self._reserved - reserve)
+                if planned is not None:
+                    own.append(planned)
+                    placed.update(id(x) for x in planned[0])
+                    taken, reserve = taken + len(planned[0]), reserve + len(planned[0]) * planned[2]
+                    continue
             group = new.setdefault((t.mode, t.prep.length, by_task and t.prep.duixia), [])
             before = len(group) * max((g.reserve_prefill for g in group), default=0)
             after = (len(group) + 1) * max([t.reserve_prefill, *(g.reserve_prefill for g in group)])
             if len(group) >= self.config.max_batch or self._reserved + reserve + after - before > self.budget:
                 break
             group.append(t)
+            placed.add(id(t))
             taken, reserve = taken + 1, reserve + after - before
         if self._waves and taken < min(self.config.wave_floor, len(self._waiting)):
+            for planned in own:
+                self.pool.end_lease(planned[1])
             return  # wait for a wave to end and free room for a fuller one
         now = time.perf_counter()
-        for _ in range(taken):
-            self._waiting.popleft().admitted = now
+        self._waiting = deque(t for t in self._waiting if id(t) not in placed)
         self._reserved += reserve
-        for (mode, _, _), group in new.items():
-            if group:
-                top_prefill = max(t.reserve_prefill for t in group)
-                top_decode = max(t.reserve_decode for t in group)
+        waves: list[tuple[list[Ticket], Lease | None]] = [(g, None) for g in new.values() if g]
+        for rows, held, prefill, decode in own:
+            for t in rows:
+                t.reserve_prefill, t.reserve_decode = prefill, decode
+            waves.append((rows, held))
+        for group, lease in waves:
+            top_prefill = max(t.reserve_prefill for t in group)
+            top_decode = max(t.reserve_decode for t in group)
+            for t in group:
+                t.admitted = now
+                t.reserve_prefill, t.reserve_decode = top_prefill, top_decode
+                t.reserved = top_prefill
+            try:
+                decoding = Decoding(self.lm, [t.prep for t in group], group[0].mode, self.pool,
+                                    finish_inline=False)
+            except Exception as e:  # admitted, so no longer waiting: this wave's visitors hear of it here
+                if lease is not None:
+                    self.pool.end_lease(lease)
                 for t in group:
-                    t.reserve_prefill, t.reserve_decode = top_prefill, top_decode
-                    t.reserved = top_prefill
-                try:
-                    decoding = Decoding(self.lm, [t.prep for t in group], mode, self.pool, finish_inline=False)
-                except Exception as e:  # admitted, so no longer waiting: this wave's visitors hear of it here
-                    for t in group:
-                        self._reserved -= t.reserved
-                        t.reserved = 0
-                        t.events.put(e)
-                    continue
-                self._waves.append(Wave(decoding, group))
+                    self._reserved -= t.reserved
+                    t.reserved = 0
+                    t.events.put(e)
+                continue
+            self._waves.append(Wave(decoding, group, lease=lease))
         in_flight = sum(len(w.tickets) for w in self._waves)
         self._peak_in_flight = max(self._peak_in_flight, in_flight)
         self._peak_reserved = max(self._peak_reserved, self._reserved)
+
+    def _prompt_wave(self, rows: list[Ticket], room: int) -> tuple[list[Ticket], Lease, int, int] | None:
+        """A cache-aware wave of requests with one prompt: as many of `rows` as fit `room`, with a pool lease on
+        every whole block of the prompt, and what each row reserves then (prefill, decode). None if not one row
+        fits or the pool cannot lease the blocks (they then queue as any request)."""
+        head = rows[0]
+        parts = make_mode(head.mode).compose()
+        assert parts.sharing is not None
+        prompt = head.prep.prompt
+        total = len(prompt) + 2 * head.prep.length
+        prefill, decode = parts.owned_peak_bytes(len(prompt), total, self.geometry, leased=True)
+        per_row = max(prefill, decode)
+        # the blocks are computed once for the wave, in a scratch cache at full precision: shared by its rows
+        scratch = len(prompt) * self.geometry.token_bytes
+        n = len(rows)
+        while n and n * per_row + scratch > room:
+            n -= 1
+        if not n:
+            return None
+        bs = parts.sharing.block_size
+        namespace = model_namespace(self.lm.model, parts.storage.codec(), bs)
+        keys = chain_keys(namespace, prompt, bs)[: (len(prompt) - 1) // bs]  # one token is always computed
+        lease = self.pool.lease(keys, parts.block_bytes(self.geometry))
+        if lease is None:
+            return None
+        return rows[:n], lease, per_row + -(-scratch // n), decode
 
     def _advance(self, wave: Wave) -> None:
         """One call of the wave's decoding (its prefill, or one step), streamed to its tickets."""
@@ -338,6 +409,9 @@ class Engine:
             if not t.cancelled.is_set() and not last:
                 t.events.put(p)
         if prefill:
+            if wave.lease is not None:  # its rows reference the blocks themselves now
+                self.pool.end_lease(wave.lease)
+                wave.lease = None
             with self._lock:  # the prefill is over: each row now reserves its steady peak only
                 for t in wave.tickets:
                     self._reserved += t.reserve_decode - t.reserved
@@ -349,6 +423,9 @@ class Engine:
         """The wave is over: its cache closed, its reservation returned. With `last` (it wrote its couplets) the
         rows still wanted go to the finisher for their 横批; every other ticket ends here, with `error`."""
         wave.decoding.close()
+        if wave.lease is not None:  # ended before its prefill
+            self.pool.end_lease(wave.lease)
+            wave.lease = None
         now = time.perf_counter()
         handed: list[tuple[int, Ticket, Progress]] = []
         with self._lock:
@@ -387,6 +464,9 @@ class Engine:
     def _fail_all(self, error: BaseException) -> None:
         for wave in list(self._waves):
             wave.decoding.close()
+            if wave.lease is not None:
+                self.pool.end_lease(wave.lease)
+                wave.lease = None
             for t in wave.tickets:
                 t.events.put(error)
         for t in self._waiting:

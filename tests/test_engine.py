@@ -142,3 +142,36 @@ def test_the_finisher_chooses_the_hengpi_after_the_cache_is_released(embedded_lm
         wait_idle(engine)
         st = engine.stats()
         assert st.finishing == 0 and st.reserved_bytes == 0 and st.pool_refs == 0
+
+
+def test_requests_with_one_prompt_share_all_of_it_in_a_cache_aware_wave(embedded_lm) -> None:
+    """Six visitors typing the same keywords (the same prompt: the same exemplars) and a seventh: with
+    `prefix_wave` the six form a wave of their own whose rows reference every whole block of the prompt in the
+    pool (leased at admission), so each reserves only the rest of its prompt and its couplet, and all six fit
+    a budget that holds two prefills of requests admitted in arrival order. The couplets are what each writes alone."""
+    prep = prepare(embedded_lm, CoupletRequest("龙马精神"))
+    other = prepare(embedded_lm, CoupletRequest("吉祥如意"))
+    probe = Engine(embedded_lm, EngineConfig(kv_budget_mb=64, pool_mb=4))
+    one = probe.submit(CoupletRequest("龙马精神"), "shared", prep=prep)
+    list(one)
+    probe.close()
+    budget_mb = 4 + 2.5 * one.reserve_prefill / 2**20  # the pool, and two requests' prefills
+    alone = generate(embedded_lm, CoupletRequest("龙马精神"), "shared", PrefixPool())
+    runs = {}
+    for prefix_wave in (0, 4):
+        with Engine(embedded_lm, EngineConfig(kv_budget_mb=budget_mb, pool_mb=4, prefix_wave=prefix_wave)) as engine:
+            first = engine.submit(CoupletRequest("吉祥如意"), "shared", prep=other)
+            tickets = [engine.submit(CoupletRequest("龙马精神"), "shared", prep=prep) for _ in range(6)]
+            results = [list(t)[-1].result for t in tickets]
+            assert list(first)[-1].result is not None
+            wait_idle(engine)
+            st = engine.stats()
+            assert st.peak_reserved_bytes <= engine.budget and st.reserved_bytes == 0
+            assert st.pool_refs == 0 and engine.pool.leased == 0
+        assert all((r.upper, r.lower, r.hengpi) == (alone.upper, alone.lower, alone.hengpi) for r in results)
+        # what a row owns at its peak, beside its share of the pool
+        runs[prefix_wave] = (st.peak_in_flight, max(max(s.kv_bytes for s in r.steps) for r in results))
+    # in arrival order two prefills at a time (beside the first request, decoding); cache-aware, all at once
+    assert runs[0][0] <= 3 and runs[4][0] == 7
+    full_prompt = len(prep.prompt) * engine.geometry.token_bytes
+    assert runs[4][1] < 0.1 * full_prompt  # the rows own a partial block and their couplet

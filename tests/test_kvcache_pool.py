@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from couplet.kvcache import MODES, PrefixPool, make_mode
+from couplet.kvcache.layer import KVGeometry
 from couplet.kvcache.pool import chain_keys
 
 # These prompts are a few tokens long: 2-token blocks (the default, 8, suits the ~415-token couplet prompt)
@@ -58,6 +59,45 @@ def test_chains_are_evicted_leaf_first() -> None:
     pool.release([root, mid, leaf])  # a request ending releases its chain
     add(pool, b"x")
     assert b"l" not in pool and b"r" in pool and b"m" in pool
+
+
+def test_a_lease_sets_room_aside_that_no_other_insertion_can_take() -> None:
+    pool = PrefixPool(max_bytes=300)
+    a = add(pool, b"a")
+    pool.release([a])  # cached, unreferenced: evictable
+    assert pool.lease([b"a", b"x", b"y"], 200) is None and pool.leased == 0 and a.refs == 0  # 100 + 2 x 200
+    lease = pool.lease([b"a", b"x"], 100)
+    assert lease is not None and a.refs == 1 and pool.leased == 100 and lease.pending == {b"x"}
+    twin = pool.lease([b"a", b"x"], 100)  # a second wave with the same prompt: the room is set aside once
+    assert twin is not None and a.refs == 2 and pool.leased == 100
+    assert add(pool, b"o1") is not None  # 100 (a) + 100 (o1) + 100 leased
+    assert add(pool, b"o2") is None and pool.rejected == 1  # would take the leased room: refused
+    x = add(pool, b"x")  # the leased key: takes its room, and both leases reference it
+    assert x is not None and x.refs == 3 and pool.leased == 0 and lease.pending == set() and lease.blocks == [a, x]
+    pool.release([x])  # the inserting session is done; the leases still hold x
+    pool.end_lease(lease)
+    pool.end_lease(lease)  # idempotent
+    assert a.refs == 1 and x.refs == 1
+    pool.end_lease(twin)
+    assert a.refs == 0 and x.refs == 0 and pool.leased == 0
+
+
+def test_an_ended_lease_gives_back_the_room_of_blocks_never_inserted() -> None:
+    pool = PrefixPool(max_bytes=300)
+    lease = pool.lease([b"p", b"q"], 100)
+    assert lease is not None and pool.leased == 200
+    assert add(pool, b"o1") is not None and add(pool, b"o2") is None  # 100 + 200 leased
+    pool.end_lease(lease)
+    assert pool.leased == 0 and add(pool, b"o2") is not None
+
+
+@pytest.mark.parametrize("mode", [m for m in MODES if make_mode(m).compose().sharing is not None])
+def test_the_room_leased_per_block_is_a_real_blocks_size(tiny_llama, mode: str) -> None:
+    pool = PrefixPool()
+    with make_mode(mode, block_size=SHORT_BLOCK).new_session(tiny_llama, pool=pool) as s:
+        s.forward(torch.tensor([[1, 7, 12, 30, 5, 44, 9]]))
+        sizes = {blk.nbytes for blk in pool._blocks.values()}
+    assert sizes == {make_mode(mode, block_size=SHORT_BLOCK).compose().block_bytes(KVGeometry.of(tiny_llama))}
 
 
 @pytest.mark.parametrize("mode", [m for m in MODES if make_mode(m).compose().sharing is not None])

@@ -14,6 +14,7 @@ its own: its `compose()` fills the other two with "plain" and "none".
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -70,8 +71,17 @@ class Composition:
     retention: Retention | None = None
     sharing: SharingPolicy | None = None
 
+    def block_bytes(self, geometry: KVGeometry) -> int:
+        """Bytes of one pool block in this composition's codec (all layers, keys and values); 0 without a
+        pool. What `PrefixPool.lease` sets aside for a block not yet computed."""
+        if self.sharing is None:
+            return 0
+        per_token = 2 * geometry.layers * geometry.kv_heads * self.storage.row_bytes(geometry.head_dim,
+                                                                                     geometry.dtype_bytes)
+        return math.ceil(self.sharing.block_size * per_token)
+
     def owned_peak_bytes(self, prompt: int, total: int, geometry: KVGeometry,
-                         shared_prefix: int | None = None) -> tuple[int, int]:
+                         shared_prefix: int | None = None, leased: bool = False) -> tuple[int, int]:
         """Upper bounds of the KV bytes a request owns (pool blocks aside: the pool keeps its own budget), for
         `prompt` tokens and `total` fed in all (as announced with `ModeSession.expect`): (during the prefill,
         from then on). What a serving engine admits by. `shared_prefix`: the prompt tokens every request in a
@@ -82,7 +92,9 @@ class Composition:
         in its format plus one layer at full precision. With a pool, the prompt's whole blocks are computed
         into it before the prefill (`Sharing._complete_chains`): a block the pool refuses (its byte budget)
         stays with the request, but in the store's format, so only the rest of the prompt — and the block
-        being computed — are held at full precision; the bound assumes the pool refuses everything. From then
+        being computed — are held at full precision; the bound assumes the pool refuses everything, unless
+        `leased`: the pool has set room aside for the prompt's whole blocks (`PrefixPool.lease`, every row of
+        the batch with this same prompt), so a row holds only the rest of its prompt. From then
         on a request holds what its retention keeps (budget, or the forced tokens if more) plus up to 2
         tokens fed before the next eviction, less the whole blocks of the shared prefix (a batch references
         only the blocks all its rows have), at its storage format's bytes (per-token layout), plus any
@@ -99,6 +111,8 @@ class Composition:
             bs = self.sharing.block_size
             whole = (prompt - 1) // bs * bs  # the blocks attached; at least one token is left to compute
             prefill = min(prefill, int(whole * per_token + 0.999) + bs * geometry.token_bytes + residual)
+            if leased:  # the pool takes every whole block; the scratch that computes them is the caller's
+                prefill = (prompt - whole) * geometry.token_bytes + residual
             common = prompt - 1 if shared_prefix is None else min(prompt - 1, shared_prefix)
             pooled = common // bs * bs
         kept = total

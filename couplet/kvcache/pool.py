@@ -7,6 +7,11 @@ size — so a block key identifies the whole prefix up to and including that blo
 formats never mix. Blocks are reference-counted by the requests using them; only unreferenced blocks are
 evicted, least recently used first, to stay within `max_bytes`. A block is never mutated after insertion.
 Thread-safe (one lock), since a serving engine may run requests on several threads.
+
+A serving engine that admits a wave counting on its prompt's blocks being pooled takes a `Lease` first, as
+vLLM's scheduler allocates a request's KV blocks when it admits it: the blocks present are referenced at
+once, and room is set aside for the missing ones, which no other insertion can then take. The wave's own
+insertions fill that room, and the lease references those blocks too, until the engine ends it.
 """
 
 from __future__ import annotations
@@ -31,6 +36,15 @@ class Block:
     payload: tuple[tuple, ...] = field(repr=False)
     nbytes: int
     refs: int = 0
+
+
+@dataclass(eq=False)
+class Lease:
+    """Blocks held for an admitted wave (`PrefixPool.lease`): those present, referenced; the missing ones'
+    keys, with room set aside until they are inserted (then referenced too)."""
+
+    blocks: list[Block] = field(default_factory=list)
+    pending: set[bytes] = field(default_factory=set)
 
 
 def chain_keys(namespace: str, tokens: Sequence[int], block_size: int) -> list[bytes]:
@@ -62,6 +76,8 @@ class PrefixPool:
         self._blocks: dict[bytes, Block] = {}
         self._free: OrderedDict[bytes, None] = OrderedDict()  # unreferenced, least recently used first
         self._lock = threading.RLock()
+        self._pending: dict[bytes, tuple[int, list[Lease]]] = {}  # leased room: key -> (bytes, its leases)
+        self.leased = 0  # bytes set aside for the pending keys (inside max_bytes, not in nbytes)
         self.nbytes = 0
         self.hits = self.misses = self.evictions = self.rejected = 0
 
@@ -100,19 +116,63 @@ class PrefixPool:
 
     def insert(self, key: bytes, payload: tuple[tuple, ...], tensors: list[torch.Tensor]) -> Block | None:
         """Add a block (or find the one already there) and reference it; None if the budget has no room
-        even after evicting every unreferenced block (the caller then keeps its rows private)."""
+        even after evicting every unreferenced block (the caller then keeps its rows private). A leased key
+        takes the room set aside for it, and its leases reference it."""
         with self._lock:
             block = self._blocks.get(key)
             if block is None:
+                room, leases = self._pending.pop(key, (0, []))
+                self.leased -= room
+                for lease in leases:
+                    lease.pending.discard(key)
                 size = storage_bytes(tensors)
-                if not self._make_room(size):
+                if not self._make_room(size):  # a lease's room is only short if `block_bytes` was
                     self.rejected += 1
                     return None
                 block = Block(key, payload, size)
                 self._blocks[key] = block
                 self.nbytes += size
+                for lease in leases:
+                    lease.blocks.append(block)
+                    self._ref(block)
             self._ref(block)
             return block
+
+    def lease(self, keys: Sequence[bytes], block_bytes: int) -> Lease | None:
+        """Reference the blocks of `keys` the pool holds and set `block_bytes` aside for each missing one, if
+        the budget allows it beside every referenced block and every lease; else None (nothing taken). Once
+        granted, inserting those keys cannot be refused for room (`block_bytes` at least their real size)."""
+        with self._lock:
+            present = [self._blocks[k] for k in keys if k in self._blocks]
+            missing = {k for k in keys if k not in self._blocks}
+            new = [k for k in missing if k not in self._pending]
+            held = sum(b.nbytes for b in self._blocks.values() if b.refs) + \
+                sum(b.nbytes for b in present if not b.refs)
+            if held + self.leased + len(new) * block_bytes > self.max_bytes:
+                return None
+            lease = Lease(present, missing)
+            for block in present:
+                self._ref(block)
+            for k in missing:
+                room, leases = self._pending.get(k, (block_bytes, []))
+                self._pending[k] = (room, [*leases, lease])
+            self.leased += len(new) * block_bytes
+            return lease
+
+    def end_lease(self, lease: Lease) -> None:
+        """Drop the lease's references and whatever room it still sets aside (idempotent)."""
+        with self._lock:
+            blocks, lease.blocks = lease.blocks, []
+            self.release(blocks)
+            for k in lease.pending:
+                room, leases = self._pending.get(k, (0, []))
+                leases = [x for x in leases if x is not lease]
+                if leases:
+                    self._pending[k] = (room, leases)
+                elif k in self._pending:
+                    del self._pending[k]
+                    self.leased -= room
+            lease.pending = set()
 
     def release(self, blocks: Sequence[Block]) -> None:
         """Drop one reference from each block. Deepest blocks are released first so that they sit older in
@@ -137,9 +197,10 @@ class PrefixPool:
         self._free.pop(block.key, None)
 
     def _make_room(self, size: int) -> bool:
-        while self.nbytes + size > self.max_bytes and self._free:
+        """Evict unreferenced blocks until `size` more fits beside the blocks held and the room leased."""
+        while self.nbytes + self.leased + size > self.max_bytes and self._free:
             self._evict_one()
-        return self.nbytes + size <= self.max_bytes
+        return self.nbytes + self.leased + size <= self.max_bytes
 
     def _evict_one(self) -> None:
         key, _ = self._free.popitem(last=False)

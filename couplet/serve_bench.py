@@ -14,7 +14,9 @@ They arrive at once
 
 Per mode, in vLLM `bench serve`'s vocabulary: requests/s and output tokens/s (characters written), admitted
 concurrency (mean over the run, sampled every 10 ms, and peak), resident KV peak (what the caches hold, pool
-included), KV per request (a request's own peak plus its pool share), prefix-pool hit rate (blocks), prefill
+included), KV per request (a request's own peak plus its pool share), prompt KV (right after its prefill, the
+prompt's owned slots plus its share of the pool blocks, against the same prompt unshared at full precision:
+the issue's "resident prompt KV against unshared"), prefix-pool hit rate (blocks), prefill
 tokens computed against unshared, TTFT / TPOT / end-to-end latency at p50/p90/p99 (TTFT: arrival to the
 first character), and the identical rate against `full` on the same phrases. The default budget holds
 8 `full` requests at once (plus the pool), so memory is the bottleneck, as on a busy GPU.
@@ -151,6 +153,11 @@ def run_mode(lm: LoadedModel, mode: str, budget_mb: float, cfg: ServeConfig, typ
     tpot = [(t.decoded - t.first_token) * 1e3 / 13 for t in tickets if t.decoded and t.first_token]
     written = max((t.decoded for t in tickets if t.decoded), default=end) - t0  # the last couplet written
     per_request = [max(s.kv_bytes + s.shared_bytes for s in r.steps) for r in results if r]
+    # the prompt's KV right after the prefill (its owned slots, padding included, and its share of the pool
+    # blocks it references) against the same prompt unshared at full precision: what sharing leaves resident
+    token_bytes = engine.geometry.token_bytes
+    prompt_kv = [(r.steps[0].kv_bytes + r.steps[0].shared_bytes) / (len(preps[p].prompt) * token_bytes)
+                 for p, r in zip(typed, results, strict=True) if r]
     computed = sum(r.steps[0].computed_tokens for r in results if r)
     prompt_tokens = sum(len(preps[p].prompt) for p in typed)
     looked_up = pool.hits + pool.misses
@@ -164,6 +171,7 @@ def run_mode(lm: LoadedModel, mode: str, budget_mb: float, cfg: ServeConfig, typ
         "admitted_concurrency_peak": stats.peak_in_flight,
         "resident_kv_peak_bytes": max((s[1] for s in samples), default=0),
         "kv_per_request_bytes": statistics.fmean(per_request),
+        "prompt_kv_ratio": statistics.fmean(prompt_kv),
         "prefix_hit_rate": pool.hits / looked_up if looked_up else 0.0,
         "prefill_tokens_ratio": computed / prompt_tokens,
         "ttft_p50_ms": pct(ttft, 50), "ttft_p90_ms": pct(ttft, 90), "ttft_p99_ms": pct(ttft, 99),
@@ -281,23 +289,26 @@ def markdown(out: dict) -> str:
         lines += [f"\n### budget {run['budget_mb']} MB, {out['config']['visitors']} visitors, {out['device']}, "
                   f"{out['dtype']}\n",
                   "| mode | tok/s | vs full | couplets only: tok/s, vs full | concurrency mean / peak | KV / request |"
-                  " resident peak | prefix hits |"
+                  " prompt KV | resident peak | prefix hits |"
                   " prefill computed | TTFT p50 / p99 ms | TPOT p50 / p99 ms | E2E p99 ms | identical |"
                   " forwards / step |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+                  " ---: |"]
         own = []
         for mode, r in run["modes"].items():
             if "unmeasured" in r:
-                lines.append(f"| `{mode}` | not measured: {r['unmeasured']} |" + " |" * 12)
+                lines.append(f"| `{mode}` | not measured: {r['unmeasured']} |" + " |" * 13)
                 continue
             if r.get("vllm_bench_serve"):
                 own.append((mode, r["vllm_bench_serve"]))
+            prompt_kv = f"{r['prompt_kv_ratio']:.0%}" if "prompt_kv_ratio" in r else "—"  # a server: not seen
             generation = f"{r['generation_tok_s']:.0f}, {r['generation_ratio']:.2f}×" if "generation_ratio" in r \
                 else "—"  # a server's rows: no 横批 chosen, their tok/s is already the couplets' own
             lines.append(
                 f"| `{mode}` | {r['throughput_tok_s']:.0f} | {r['throughput_ratio']:.2f}× | {generation} | "
                 f"{r['admitted_concurrency']:.1f} / {r['admitted_concurrency_peak']} | "
-                f"{r['kv_per_request_bytes'] / 1024:.0f} KB | {r['resident_kv_peak_bytes'] / MB:.1f} MB | "
+                f"{r['kv_per_request_bytes'] / 1024:.0f} KB | {prompt_kv} | "
+                f"{r['resident_kv_peak_bytes'] / MB:.1f} MB | "
                 f"{r['prefix_hit_rate']:.0%} | {r['prefill_tokens_ratio']:.0%} | "
                 f"{r['ttft_p50_ms']:.0f} / {r['ttft_p99_ms']:.0f} | {r['tpot_p50_ms']:.1f} / {r['tpot_p99_ms']:.1f} | "
                 f"{r['e2e_p99_ms']:.0f} | {r['identical_rate']:.0%} | {r.get('forwards_per_step', float('nan')):.2f} |")

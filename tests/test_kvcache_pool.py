@@ -65,21 +65,24 @@ def test_a_lease_sets_room_aside_that_no_other_insertion_can_take() -> None:
     pool = PrefixPool(max_bytes=300)
     a = add(pool, b"a")
     pool.release([a])  # cached, unreferenced: evictable
-    assert pool.lease([b"a", b"x", b"y"], 200) is None and pool.leased == 0 and a.refs == 0  # 100 + 2 x 200
+    assert pool.lease([b"a", b"x", b"y"], 200) is None and pool.leased == 0 and a.pins == 0  # 100 + 2 x 200
     lease = pool.lease([b"a", b"x"], 100)
-    assert lease is not None and a.refs == 1 and pool.leased == 100 and lease.pending == {b"x"}
+    assert lease is not None and a.pins == 1 and a.refs == 0 and pool.leased == 100 and lease.pending == {b"x"}
     twin = pool.lease([b"a", b"x"], 100)  # a second wave with the same prompt: the room is set aside once
-    assert twin is not None and a.refs == 2 and pool.leased == 100
-    assert add(pool, b"o1") is not None  # 100 (a) + 100 (o1) + 100 leased
-    assert add(pool, b"o2") is None and pool.rejected == 1  # would take the leased room: refused
-    x = add(pool, b"x")  # the leased key: takes its room, and both leases reference it
-    assert x is not None and x.refs == 3 and pool.leased == 0 and lease.pending == set() and lease.blocks == [a, x]
-    pool.release([x])  # the inserting session is done; the leases still hold x
+    assert twin is not None and a.pins == 2 and pool.leased == 100
+    assert add(pool, b"o1") is not None  # 100 (a, pinned: not evicted) + 100 (o1) + 100 leased
+    assert add(pool, b"o2") is None and pool.rejected == 1 and b"a" in pool  # would take the leased room
+    x = add(pool, b"x")  # the leased key: takes its room, and both leases pin it
+    assert x is not None and (x.refs, x.pins) == (1, 2) and pool.leased == 0 and lease.pending == set()
+    assert lease.blocks == [a, x] and pool.total_refs() == 2 + 3 + 1  # pins count: a lease left is a leak
+    pool.release([x])  # the inserting session is done; the leases still pin x
     pool.end_lease(lease)
     pool.end_lease(lease)  # idempotent
-    assert a.refs == 1 and x.refs == 1
+    assert a.pins == 1 and x.pins == 1
     pool.end_lease(twin)
-    assert a.refs == 0 and x.refs == 0 and pool.leased == 0
+    assert (a.refs, a.pins, x.refs, x.pins) == (0, 0, 0, 0) and pool.leased == 0
+    assert add(pool, b"o2") is not None and add(pool, b"o3") is not None  # unpinned: evictable again
+    assert pool.evictions == 2
 
 
 def test_an_ended_lease_gives_back_the_room_of_blocks_never_inserted() -> None:

@@ -36,6 +36,10 @@ def test_serve_reports_every_figure_per_mode(tiny_checkpoint, tmp_path, capsys) 
     # waves of 2: later waves find the house prefix in the pool (rows of one wave prefill together, cold)
     assert out["modes"]["shared"]["prefill_tokens_ratio"] < 0.7 < out["modes"]["full"]["prefill_tokens_ratio"]
     assert out["modes"]["int4"]["kv_per_request_bytes"] < 0.5 * out["modes"]["full"]["kv_per_request_bytes"]
+    # the prompt's resident KV after the prefill against unshared: all of it for `full` (padding aside), its
+    # owned rest and its share of the pool for `shared`, a fraction of the bytes for `int4`
+    full, shared, int4 = (out["modes"][m]["prompt_kv_ratio"] for m in ("full", "shared", "int4"))
+    assert full >= 0.999 and shared < 0.9 * full and int4 < 0.4 * full
     assert "| `int4` |" in capsys.readouterr().out
     assert [run["budget_mb"] for run in out["runs"]] == [8.0, 12.0]  # the sweep: every mode at every budget
     assert all(run["modes"].keys() == out["modes"].keys() for run in out["runs"])

@@ -11,7 +11,8 @@ Thread-safe (one lock), since a serving engine may run requests on several threa
 A serving engine that admits a wave counting on its prompt's blocks being pooled takes a `Lease` first, as
 vLLM's scheduler allocates a request's KV blocks when it admits it: the blocks present are referenced at
 once, and room is set aside for the missing ones, which no other insertion can then take. The wave's own
-insertions fill that room, and the lease references those blocks too, until the engine ends it.
+insertions fill that room, and the lease pins those blocks too, until the engine ends it. A pin keeps a
+block from eviction like a reference, but is no request: it takes no share of the block's bytes.
 """
 
 from __future__ import annotations
@@ -35,13 +36,14 @@ class Block:
     key: bytes
     payload: tuple[tuple, ...] = field(repr=False)
     nbytes: int
-    refs: int = 0
+    refs: int = 0  # the requests using it (a request's share is nbytes / refs)
+    pins: int = 0  # the leases holding it (`PrefixPool.lease`): kept from eviction, but no share of it
 
 
 @dataclass(eq=False)
 class Lease:
-    """Blocks held for an admitted wave (`PrefixPool.lease`): those present, referenced; the missing ones'
-    keys, with room set aside until they are inserted (then referenced too)."""
+    """Blocks held for an admitted wave (`PrefixPool.lease`): those present, pinned; the missing ones' keys,
+    with room set aside until they are inserted (then pinned too)."""
 
     blocks: list[Block] = field(default_factory=list)
     pending: set[bytes] = field(default_factory=set)
@@ -88,8 +90,9 @@ class PrefixPool:
         return key in self._blocks
 
     def total_refs(self) -> int:
+        """References and lease pins still held: zero when no request is in flight."""
         with self._lock:
-            return sum(b.refs for b in self._blocks.values())
+            return sum(b.refs + b.pins for b in self._blocks.values())
 
     def acquire_prefix(self, keys: Sequence[bytes]) -> list[Block]:
         """Reference the longest run of `keys` present from the start (a cache hit), atomically."""
@@ -117,7 +120,7 @@ class PrefixPool:
     def insert(self, key: bytes, payload: tuple[tuple, ...], tensors: list[torch.Tensor]) -> Block | None:
         """Add a block (or find the one already there) and reference it; None if the budget has no room
         even after evicting every unreferenced block (the caller then keeps its rows private). A leased key
-        takes the room set aside for it, and its leases reference it."""
+        takes the room set aside for it, and its leases pin it."""
         with self._lock:
             block = self._blocks.get(key)
             if block is None:
@@ -134,25 +137,26 @@ class PrefixPool:
                 self.nbytes += size
                 for lease in leases:
                     lease.blocks.append(block)
-                    self._ref(block)
+                    block.pins += 1
             self._ref(block)
             return block
 
     def lease(self, keys: Sequence[bytes], block_bytes: int) -> Lease | None:
-        """Reference the blocks of `keys` the pool holds and set `block_bytes` aside for each missing one, if
+        """Pin the blocks of `keys` the pool holds and set `block_bytes` aside for each missing one, if
         the budget allows it beside every referenced block and every lease; else None (nothing taken). Once
         granted, inserting those keys cannot be refused for room (`block_bytes` at least their real size)."""
         with self._lock:
             present = [self._blocks[k] for k in keys if k in self._blocks]
             missing = {k for k in keys if k not in self._blocks}
             new = [k for k in missing if k not in self._pending]
-            held = sum(b.nbytes for b in self._blocks.values() if b.refs) + \
-                sum(b.nbytes for b in present if not b.refs)
+            held = sum(b.nbytes for b in self._blocks.values() if b.refs or b.pins) + \
+                sum(b.nbytes for b in present if not (b.refs or b.pins))
             if held + self.leased + len(new) * block_bytes > self.max_bytes:
                 return None
             lease = Lease(present, missing)
             for block in present:
-                self._ref(block)
+                block.pins += 1
+                self._free.pop(block.key, None)
             for k in missing:
                 room, leases = self._pending.get(k, (block_bytes, []))
                 self._pending[k] = (room, [*leases, lease])
@@ -160,10 +164,12 @@ class PrefixPool:
             return lease
 
     def end_lease(self, lease: Lease) -> None:
-        """Drop the lease's references and whatever room it still sets aside (idempotent)."""
+        """Drop the lease's pins and whatever room it still sets aside (idempotent)."""
         with self._lock:
             blocks, lease.blocks = lease.blocks, []
-            self.release(blocks)
+            for block in reversed(blocks):  # deepest first, as `release`
+                block.pins -= 1
+                self._unpinned(block)
             for k in lease.pending:
                 room, leases = self._pending.get(k, (0, []))
                 leases = [x for x in leases if x is not lease]
@@ -182,15 +188,19 @@ class PrefixPool:
                 if block.refs <= 0:
                     raise RuntimeError("prefix block released more often than acquired")
                 block.refs -= 1
-                if block.refs == 0:
-                    self._free[block.key] = None
-                    self._free.move_to_end(block.key)
+                self._unpinned(block)
 
     def clear(self) -> None:
         """Drop every unreferenced block."""
         with self._lock:
             while self._free:
                 self._evict_one()
+
+    def _unpinned(self, block: Block) -> None:
+        """A block no request and no lease holds joins the LRU order, newest."""
+        if block.refs == 0 and block.pins == 0:
+            self._free[block.key] = None
+            self._free.move_to_end(block.key)
 
     def _ref(self, block: Block) -> None:
         block.refs += 1
@@ -205,7 +215,7 @@ class PrefixPool:
     def _evict_one(self) -> None:
         key, _ = self._free.popitem(last=False)
         block = self._blocks.pop(key)
-        assert block.refs == 0, "only unreferenced blocks are evicted"
+        assert block.refs == 0 and block.pins == 0, "only unreferenced blocks are evicted"
         self.nbytes -= block.nbytes
         self.evictions += 1
 

@@ -373,7 +373,7 @@ class Engine:
         prefill, decode = parts.owned_peak_bytes(len(prompt), total, self.geometry, leased=True)
         per_row = max(prefill, decode)
         # the blocks are computed once for the wave, in a scratch cache at full precision: shared by its rows
-        scratch = len(prompt) * self.geometry.token_bytes
+        scratch = parts.scratch_tokens(len(prompt)) * self.geometry.token_bytes
         n = len(rows)
         while n and n * per_row + scratch > room:
             n -= 1

@@ -32,6 +32,7 @@ import statistics
 import sys
 import threading
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -105,6 +106,26 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
 
 
+# How many of the visitors typed the same keywords: rare phrases' exemplars are theirs alone, popular ones'
+# are shared by a cache-aware wave; the buckets say where the resident prompt KV goes (README).
+POPULARITY_BUCKETS = ((1, 3), (4, 15), (16, 63), (64, None))
+
+
+def prompt_kv_by_popularity(typed: list[str], done: list[bool], prompt_kv: list[float]) -> dict[str, dict]:
+    """`prompt_kv` (one per finished visitor, in order) averaged per bucket of how many visitors typed the
+    same keywords: {"1-3": {"visitors": n, "prompt_kv_ratio": x}, ..., "64+": ...}; empty buckets left out."""
+    counts = Counter(typed)
+    ratios = iter(prompt_kv)
+    finished = [(counts[p], next(ratios)) for p, ok in zip(typed, done, strict=True) if ok]
+    out = {}
+    for low, high in POPULARITY_BUCKETS:
+        inside = [r for c, r in finished if c >= low and (high is None or c <= high)]
+        if inside:
+            out[f"{low}-{high}" if high else f"{low}+"] = {"visitors": len(inside),
+                                                           "prompt_kv_ratio": statistics.fmean(inside)}
+    return out
+
+
 def run_mode(lm: LoadedModel, mode: str, budget_mb: float, cfg: ServeConfig, typed: list[str],
              arrivals: list[float], preps: dict[str, Prepared]) -> tuple[dict, dict[str, tuple[str, str]]]:
     # Every mode starts from the same state: a fresh engine and pool, and no 横批 remembered. The 横批 is
@@ -158,6 +179,7 @@ def run_mode(lm: LoadedModel, mode: str, budget_mb: float, cfg: ServeConfig, typ
     token_bytes = engine.geometry.token_bytes
     prompt_kv = [(r.steps[0].kv_bytes + r.steps[0].shared_bytes) / (len(preps[p].prompt) * token_bytes)
                  for p, r in zip(typed, results, strict=True) if r]
+    by_popularity = prompt_kv_by_popularity(typed, [r is not None for r in results], prompt_kv)
     computed = sum(r.steps[0].computed_tokens for r in results if r)
     prompt_tokens = sum(len(preps[p].prompt) for p in typed)
     looked_up = pool.hits + pool.misses
@@ -172,6 +194,7 @@ def run_mode(lm: LoadedModel, mode: str, budget_mb: float, cfg: ServeConfig, typ
         "resident_kv_peak_bytes": max((s[1] for s in samples), default=0),
         "kv_per_request_bytes": statistics.fmean(per_request),
         "prompt_kv_ratio": statistics.fmean(prompt_kv),
+        "prompt_kv_by_popularity": by_popularity,
         "prefix_hit_rate": pool.hits / looked_up if looked_up else 0.0,
         "prefill_tokens_ratio": computed / prompt_tokens,
         "ttft_p50_ms": pct(ttft, 50), "ttft_p90_ms": pct(ttft, 90), "ttft_p99_ms": pct(ttft, 99),
@@ -255,7 +278,7 @@ def main(cfg: ServeConfig) -> dict:
                 reference = couplets
             compare(row, couplets, reference, rows.get("full", row))
             rows[mode] = row
-            shown = {k: v if v is None else round(v, 3) for k, v in row.items()}
+            shown = {k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}
             print(f"budget {budget} MB, {mode}: {json.dumps(shown)}", file=sys.stderr, flush=True)
         if cfg.backend == "vllm":
             from couplet.serving.bench import run_backend
@@ -312,6 +335,15 @@ def markdown(out: dict) -> str:
                 f"{r['prefix_hit_rate']:.0%} | {r['prefill_tokens_ratio']:.0%} | "
                 f"{r['ttft_p50_ms']:.0f} / {r['ttft_p99_ms']:.0f} | {r['tpot_p50_ms']:.1f} / {r['tpot_p99_ms']:.1f} | "
                 f"{r['e2e_p99_ms']:.0f} | {r['identical_rate']:.0%} | {r.get('forwards_per_step', float('nan')):.2f} |")
+        popular = [(m, r["prompt_kv_by_popularity"]) for m, r in run["modes"].items()
+                   if r.get("prompt_kv_by_popularity") and r.get("prefix_hit_rate")]  # the pool modes
+        if popular:
+            buckets = list(dict.fromkeys(b for _, by in popular for b in by))
+            lines += ["\nPrompt KV by how many visitors typed the same keywords (visitors in each bucket):\n",
+                      "| mode | " + " | ".join(buckets) + " |", "| --- |" + " ---: |" * len(buckets)]
+            for mode, by in popular:
+                cells = (f"{by[b]['prompt_kv_ratio']:.1%} ({by[b]['visitors']})" if b in by else "—" for b in buckets)
+                lines.append(f"| `{mode}` | " + " | ".join(cells) + " |")
         if own:
             lines += ["\nvLLM's own `bench serve` on the same prompts (rules off, same output length):\n",
                       "| server | req/s | output tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms |",

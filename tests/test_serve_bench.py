@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from couplet.serve_bench import ServeConfig, main, parse_args, phrases, workload
 
 
@@ -40,6 +42,12 @@ def test_serve_reports_every_figure_per_mode(tiny_checkpoint, tmp_path, capsys) 
     # owned rest and its share of the pool for `shared`, a fraction of the bytes for `int4`
     full, shared, int4 = (out["modes"][m]["prompt_kv_ratio"] for m in ("full", "shared", "int4"))
     assert full >= 0.999 and shared < 0.9 * full and int4 < 0.4 * full
+    # the same figure by how many visitors typed the keywords: every visitor lands in one bucket
+    for mode, r in out["modes"].items():
+        buckets = r["prompt_kv_by_popularity"]
+        assert sum(b["visitors"] for b in buckets.values()) == 6, mode
+        weighted = sum(b["visitors"] * b["prompt_kv_ratio"] for b in buckets.values()) / 6
+        assert abs(weighted - r["prompt_kv_ratio"]) < 1e-9, mode
     assert "| `int4` |" in capsys.readouterr().out
     assert [run["budget_mb"] for run in out["runs"]] == [8.0, 12.0]  # the sweep: every mode at every budget
     assert all(run["modes"].keys() == out["modes"].keys() for run in out["runs"])
@@ -65,3 +73,15 @@ def test_every_mode_is_measured_from_the_same_state(tiny_checkpoint) -> None:
     assert shared == full  # lossless: the same couplets, so the same 横批 to choose
     info = hengpi._choose.cache_info()  # since the shared run began: every couplet computed, none found
     assert info.misses == len(set(shared.values())) and info.hits == len(typed) - info.misses
+
+
+def test_prompt_kv_is_split_by_how_many_visitors_typed_the_keywords() -> None:
+    from couplet.serve_bench import prompt_kv_by_popularity
+
+    typed = ["吉祥如意"] * 70 + ["平安"] * 5 + ["耕读传家", "耕读传家"]
+    done = [True] * 76 + [False]  # the last visitor got no result: left out
+    ratios = [0.03] * 70 + [0.1] * 5 + [0.4]
+    assert prompt_kv_by_popularity(typed, done, ratios) == {
+        "1-3": {"visitors": 1, "prompt_kv_ratio": pytest.approx(0.4)},
+        "4-15": {"visitors": 5, "prompt_kv_ratio": pytest.approx(0.1)},
+        "64+": {"visitors": 70, "prompt_kv_ratio": pytest.approx(0.03)}}

@@ -166,6 +166,10 @@ def recording_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: 
         if received is not None:
             layer.record(received)
         return out, None
+    run = getattr(layer, "requantized_run", None)
+    if run is not None:  # a lossy pool's missing blocks, several per forward (`Sharing._compute_blocks`)
+        key, value, attention_mask = with_requantized_run(key, value, query.shape[2], *run)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)[0], None
     own = key.shape[2]
     merging = layer is not None and getattr(layer, "merging", False)
     if merging and layer is not None and layer.merged is not None:  # the evicted tokens' slots (`merge_evicted`)
@@ -213,6 +217,36 @@ def with_merged_slot(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     full = torch.cat([base[..., :kv].expand(b, hq, q, kv), slots[:, :, None, :].expand(b, hq, q, groups)], dim=-1)
     return (torch.cat([key, mk.to(key.dtype)], dim=2), torch.cat([value, mv.to(value.dtype)], dim=2),
             full.to(query.dtype))
+
+
+def with_requantized_run(key: torch.Tensor, value: torch.Tensor, q: int, codec: Any, block_size: int
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Keys/values and a bool mask for a run of `q` new tokens (whole blocks of `block_size`, after a pooled
+    prefix) whose blocks a lossy pool will store in `codec`'s format: a query of block j attends to the prefix,
+    to blocks 0..j-1 of the run as the pool stores them (encoded and decoded, block by block, as the pool
+    encodes them), and to its own block at full precision, causally. That is the forward that computes block j
+    alone after blocks 0..j-1 were pooled, so one forward computes the run where one per block did, with the
+    same values up to float rounding (layer by layer: every hidden state below attended the same keys).
+
+    key/value (batch, kv_heads, prefix + q, head_dim) from the cache: [pooled prefix (decoded), the run]. Returns
+    [prefix, run as stored, run] keys and values and the (batch, 1, q, prefix + 2q) mask. Rows are right-padded
+    by whole blocks (`_compute_blocks`): a real query's blocks before it are real."""
+    b, _, kv, _ = key.shape
+    start = kv - q
+    stored_k, stored_v = [], []
+    for r in range(b):  # encoded per block, as `Sharing._compute_blocks` encodes what the pool stores
+        payloads = [codec.encode(key[r, :, a:a + block_size], value[r, :, a:a + block_size])
+                    for a in range(start, kv, block_size)]
+        k, v = codec.decode(payloads, key.dtype)
+        stored_k.append(k)
+        stored_v.append(v)
+    block = torch.arange(q, device=key.device) // block_size
+    earlier = block[None, :] < block[:, None]  # (q, q): the run's blocks before the query's, as stored
+    own = (block[None, :] == block[:, None]) & causal_visible(q, q, key.device)  # its own block, causally
+    visible = torch.cat([earlier.new_ones(q, start), earlier, own], dim=1)
+    keys = torch.cat([key[:, :, :start], torch.stack(stored_k).to(key.dtype), key[:, :, start:]], dim=2)
+    values = torch.cat([value[:, :, :start], torch.stack(stored_v).to(value.dtype), value[:, :, start:]], dim=2)
+    return keys, values, visible[None, None].expand(b, 1, q, start + 2 * q)
 
 
 def padded_sdpa_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:

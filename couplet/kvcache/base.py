@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from couplet.kvcache.attention import install_attention
 from couplet.kvcache.layer import CompressedCache, FullCache, KVGeometry, attention_layers
 from couplet.kvcache.pool import PrefixPool
+from couplet.kvcache.sharing import LOSSY_RUN_BLOCKS
 from couplet.kvcache.storage import BlockCodec, PlainCodec, PlainStore, Store
 
 if TYPE_CHECKING:
@@ -80,6 +81,18 @@ class Composition:
                                                                                      geometry.dtype_bytes)
         return math.ceil(self.sharing.block_size * per_token)
 
+    def scratch_tokens(self, prompt: int) -> int:
+        """Tokens a prompt's missing pool blocks hold at full precision while they are computed (the scratch of
+        `Sharing._compute_blocks`, per distinct prompt in a wave): a lossless pool's whole blocks in one
+        forward, a lossy pool's runs of at most LOSSY_RUN_BLOCKS; 0 without a pool."""
+        if self.sharing is None:
+            return 0
+        bs = self.sharing.block_size
+        whole = (prompt - 1) // bs * bs  # the blocks attached; at least one token is left to compute
+        if self.storage.codec().lossless:
+            return whole
+        return max(bs, min(whole, LOSSY_RUN_BLOCKS * bs))
+
     def owned_peak_bytes(self, prompt: int, total: int, geometry: KVGeometry,
                          shared_prefix: int | None = None, leased: bool = False) -> tuple[int, int]:
         """Upper bounds of the KV bytes a request owns (pool blocks aside: the pool keeps its own budget), for
@@ -110,7 +123,9 @@ class Composition:
         if self.sharing is not None:
             bs = self.sharing.block_size
             whole = (prompt - 1) // bs * bs  # the blocks attached; at least one token is left to compute
-            prefill = min(prefill, int(whole * per_token + 0.999) + bs * geometry.token_bytes + residual)
+            # and the blocks being computed, at full precision in the scratch (`scratch_tokens`)
+            prefill = min(prefill, int(whole * per_token + 0.999) + self.scratch_tokens(prompt) * geometry.token_bytes
+                          + residual)
             if leased:  # the pool takes every whole block; the scratch that computes them is the caller's
                 prefill = (prompt - whole) * geometry.token_bytes + residual
             common = prompt - 1 if shared_prefix is None else min(prompt - 1, shared_prefix)

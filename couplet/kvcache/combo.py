@@ -5,9 +5,11 @@ A composition of the other modes' parts, with no wiring of its own: an `Int8Poli
 format (the same per-token rows in pool blocks and in the request's own store, so eviction is a gather of
 quantized rows), a `SharedPolicy` for the pool, and — when `ratio` < 1 — a `SelectivePolicy` retention that
 keeps the prompt whole and lets generated tokens compete for the rest of the budget. The prompt's whole
-blocks are always attended as the pool stores them (dequantized), on a miss too: missing blocks are
-computed block by block against the pooled blocks before them (`sharing.Sharing._complete_chains`, one
-batched forward per chain depth for all the rows of a wave), so cold and warm pools give the same bits.
+blocks are always attended as the pool stores them (dequantized), on a miss too: each missing block is
+computed against the pooled blocks before it as they are stored (`sharing.Sharing._complete_chains`: runs of up
+to 8 blocks per forward, each block attending to the run's earlier ones encoded and decoded, for all the rows
+of a wave at once), so cold and warm pools give the same couplets (the same bits where the same forward
+computed the blocks, up to float rounding otherwise).
 
 Defaults (int8, ratio 1.0: no eviction), measured at the long prompt (a ~415-token prompt, 296 tokens of
 it the house prefix every visitor shares). The earlier defaults (int4, ratio 0.5) spent the whole budget on

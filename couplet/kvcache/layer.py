@@ -144,6 +144,10 @@ class CompressedLayer(DynamicLayer):
         self.merged: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.last_query: torch.Tensor | None = None  # (batch, q_heads, head_dim)
         self.last_logits: torch.Tensor | None = None  # (batch, q_heads, owned + groups)
+        # A lossy pool's run of missing blocks computed in one forward (`Sharing._compute_blocks`): each block's
+        # queries attend to the blocks before it in the run as the pool will store them (`codec`, blocks of
+        # `block_size`), and to their own block at full precision (`attention.with_requantized_run`).
+        self.requantized_run: tuple[BlockCodec, int] | None = None
 
     @property
     def pos(self) -> torch.Tensor | None:

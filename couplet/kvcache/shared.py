@@ -19,7 +19,7 @@ class SharedPolicy(Policy):
     suits the long prompt (`couplet.prompt`: a 301-token house prefix, then ~100 tokens of exemplars): 37
     whole blocks (296 tokens) of house prefix are shared by every visitor, so a visitor with other keywords
     computes ~29% of a 415-token prompt (16-token blocks, vLLM's default, would share 288 and leave 31%),
-    and a cold pool costs one forward of 8 tokens per row per chain depth (`Sharing._complete_chains`).
+    and a cold pool computes each distinct run of missing blocks once per wave (`Sharing._complete_chains`).
     Pool: the one passed to `new_session`, else `default_pool()`."""
 
     name: ClassVar[str] = "shared"

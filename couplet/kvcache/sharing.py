@@ -3,15 +3,18 @@ blocks the pool holds, feed only the rest) and `publish` (after that forward: re
 blocks in the pool). As vLLM's automatic prefix caching and SGLang's RadixAttention: blocks of `block_size`
 tokens keyed by a hash chain (`pool.py`), immutable, reference-counted.
 
-Every block the pool holds is computed one way, whatever the codec: on its own, against the blocks before it
-as the pool stores them (`_complete_chains`), then published; the rest of the prompt then runs against the
-pooled prefix — on a miss, a partial or a full hit alike. So results do not depend on the pool's state (bit
-for bit for a lone request; up to float rounding, ~1e-7 and the same greedy tokens, where a wave's rows
-computed their missing blocks in one batched forward, as batching rows always allows). A lossy codec
-(`combo`'s int8/int4 blocks) needs this: a block's keys/values would otherwise depend on whether the tokens
-before it were attended at full precision (the same forward) or dequantized (from the pool). A lossless one
-(`shared`) gains from it: a wave's rows compute each distinct missing block once, where a prefill of whole
-prompts would compute the house prefix once per row.
+Every block the pool holds is computed one way, whatever the codec: against the blocks before it as the pool
+stores them (`_complete_chains`), then published; the rest of the prompt then runs against the pooled prefix —
+on a miss, a partial or a full hit alike. So results do not depend on the pool's state, up to float rounding
+(~1e-7 and the same greedy tokens: a run of blocks computed in one forward, or a wave's rows computed in one
+batched forward, sum in another order than a block computed alone; bit for bit where the same forward computed
+them). A lossy codec (`combo`'s int8/int4 blocks) needs this: a block's keys/values would otherwise depend on
+whether the tokens before it were attended at full precision (the same forward) or dequantized (from the
+pool). It computes a run of missing blocks in one forward all the same: each block's queries attend to the
+run's earlier blocks encoded and decoded as the pool will store them, and to their own block at full precision
+(`attention.with_requantized_run`), which is what computing the block alone after the earlier ones were pooled
+gives. A lossless codec (`shared`) gains too: a wave's rows compute each distinct missing block once, where a
+prefill of whole prompts would compute the house prefix once per row.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from couplet.kvcache.attention import recording
+from couplet.kvcache.attention import Recording, recording
 from couplet.kvcache.layer import CompressedCache
 from couplet.kvcache.pool import Block, PrefixPool, chain_keys
 from couplet.kvcache.storage import BlockCodec, PlainStore
@@ -31,6 +34,10 @@ if TYPE_CHECKING:
     from couplet.kvcache.session import ModeSession
 
 _MODEL_IDS = itertools.count()
+# A lossy pool computes at most this many missing blocks of a chain per forward: its scratch holds them at full
+# precision until they are encoded, and what a request reserves counts them (`Composition.owned_peak_bytes`),
+# as vLLM's chunked prefill bounds a step's activations.
+LOSSY_RUN_BLOCKS = 8
 Flags = list[list[bool]] | None  # per row, per new token: real (True) or left padding; None = all real
 
 
@@ -150,12 +157,11 @@ class Sharing:
         The rows advance together from the shallowest missing block: at depth j every row still short of its
         chain either finds block j in the pool or needs it computed. Rows needing the same key have the same
         prefix, hence the same payload: each distinct key is computed once, and all of them in one batched
-        forward. With a lossy codec that forward holds one block per key: a block attends to the blocks
-        before it exactly as the pool stores them (dequantized), so a forward over a run of missing blocks
-        would make them depend on where the last hit ended. A lossless codec computes, per key, the whole
-        run of blocks its rows have in common (up to where they diverge) in that forward: the values are the
-        same up to float rounding, and a cold wave costs a few forwards of many tokens, not one small
-        forward per depth (on a cold burst, block-by-block completion was most of the time of the wave)."""
+        forward, each with the run of blocks its rows have in common from there (up to where they diverge; for
+        a lossy codec at most LOSSY_RUN_BLOCKS, whose later blocks attend to the earlier ones as the pool
+        stores them: `_compute_blocks`). A cold wave costs a few forwards of many tokens, not one small forward
+        per depth: on a cold burst, block-by-block completion was most of the time of the wave (`shared`), and
+        `combo`'s prefill of a prompt with cold exemplars took 114 ms alone, 45 ms in runs of 8 (one thread)."""
         bs = self.block_size
         chains = [[blk.payload for blk in row] for row in self.blocks]
         pooled = [True] * len(chains)  # per row: its chain is still unbroken in the pool
@@ -189,11 +195,11 @@ class Sharing:
         return chains
 
     def _common_run(self, rows: list[int], j: int) -> int:
-        """How many blocks from depth j the `rows` (the same key at j) compute together: 1 for a lossy codec;
-        for a lossless one, as long as they still have the same key (the same prefix)."""
-        if not self.codec.lossless:
-            return 1
+        """How many blocks from depth j the `rows` (the same key at j) compute together: as long as they still
+        have the same key (the same prefix)."""
         end = min(len(self._keys[r]) for r in rows)
+        if not self.codec.lossless:
+            end = min(end, j + LOSSY_RUN_BLOCKS)
         n = 1
         while j + n < end and len({self._keys[r][j + n] for r in rows}) == 1:
             n += 1
@@ -203,7 +209,8 @@ class Sharing:
         """Runs of whole blocks, one per row of one batched forward: row i's `tokens[i]` (a multiple of
         `block_size`) at logical positions len(chains[i]) * block_size onwards (every chain has the same
         length), attending to the blocks before it decoded from `chains[i]` — exactly the forward a request
-        computes after a pool hit on those blocks. Returns per row its blocks' payloads (each per layer).
+        computes after a pool hit on those blocks (a lossy codec's run: each block's, as if computed alone after
+        the run's earlier blocks were pooled). Returns per row its blocks' payloads (each per layer).
         Shorter rows are right-padded: causal attention keeps the padding out of every real token's keys and
         values, and its own are dropped."""
         bs, start = self.block_size, len(chains[0]) * self.block_size
@@ -216,9 +223,12 @@ class Sharing:
         pos = torch.arange(start, start + width, dtype=torch.int32, device=s.device)
         pos = pos[None].expand(len(tokens), -1).contiguous()
         scratch.begin(pos, None)
+        lossy_run = not self.codec.lossless and width > bs
+        for layer in scratch.compressed:  # later blocks of the run attend to earlier ones as the pool stores them
+            layer.requantized_run = (self.codec, bs) if lossy_run else None
         decoder = getattr(s.model, "base_model", s.model)  # the keys/values only: no LM head
         ids = [t + t[-1:] * (width - len(t)) for t in tokens]
-        with recording(None):
+        with recording(Recording(list(scratch.compressed), None, scores=False) if lossy_run else None):
             decoder(input_ids=torch.tensor(ids, device=s.device), attention_mask=None,
                     position_ids=pos.long(), cache=scratch, use_cache=True)
         own = [kv for kv in (layer.store.kv() for layer in scratch.compressed) if kv is not None]

@@ -31,6 +31,8 @@ reservation returned at once; choosing each row's 横批 (`hengpi`: a scoring fo
 couplet, on CPU more compute than the couplet's own prefill) is handed to the finisher, which delivers each
 row's last Progress, with its result, as soon as that row's 横批 is chosen. The model's worker meanwhile
 prefills and decodes the next waves — a pipeline, as vLLM's output processor runs beside its engine core.
+When the worker has no wave to advance and nobody waiting, it takes rows from the finisher's queue too
+(work stealing), so the 横批 left at the end of a burst are chosen on both cores.
 """
 
 from __future__ import annotations
@@ -172,8 +174,9 @@ class Engine:
         self._finishing = 0
         self._lock = threading.Condition()
         self._closed = False
-        # (wave, [(row, ticket, its last Progress)]) for the finisher; None stops it
-        self._to_finish: queue.Queue[tuple[Wave, list[tuple[int, Ticket, Progress]]] | None] = queue.Queue()
+        # (wave, row, ticket, its last Progress) for the finisher, and for the worker when it is idle; None stops
+        # the finisher
+        self._to_finish: queue.Queue[tuple[Wave, int, Ticket, Progress] | None] = queue.Queue()
         self._worker = threading.Thread(target=self._run, name="couplet-engine", daemon=True)
         self._finisher = threading.Thread(target=self._run_finisher, name="couplet-finisher", daemon=True)
         self._worker.start()
@@ -266,20 +269,37 @@ class Engine:
     def _run(self) -> None:
         while True:
             with self._lock:
-                while not self._closed and not self._waves and not self._waiting:
+                while not self._closed and not self._waves and not self._waiting and self._to_finish.empty():
                     self._lock.wait()
                 if self._closed:
                     self._fail_all(RuntimeError("engine closed"))
                     return
-                try:
-                    self._admit()
-                except Exception as e:  # never a silent dead worker: everyone waiting hears of it
-                    self._fail_all(e)
-                    continue
-                waves = list(self._waves)
-                self._rounds += bool(waves)
+                idle = not self._waves and not self._waiting
+                if not idle:
+                    try:
+                        self._admit()
+                    except Exception as e:  # never a silent dead worker: everyone waiting hears of it
+                        self._fail_all(e)
+                        continue
+                    waves = list(self._waves)
+                    self._rounds += bool(waves)
+            if idle:  # nothing to prefill or decode: choose a 横批 beside the finisher (a burst's tail)
+                self._help_finish()
+                continue
             for wave in waves:
                 self._advance(wave)
+
+    def _help_finish(self) -> None:
+        """One row from the finisher's queue, on the worker (work stealing): only the worker puts rows there,
+        so an idle worker sees all of them; the next request's arrival waits for at most this one row."""
+        try:
+            item = self._to_finish.get_nowait()
+        except queue.Empty:  # the finisher took the last one
+            return
+        if item is None:  # the finisher's stop (not put while the worker runs): leave it for the finisher
+            self._to_finish.put(None)
+            return
+        self._finish_row(*item)
 
     def _admit(self) -> None:
         """Admit waiting requests in arrival order while their reservation fits; those of one mode and length
@@ -441,25 +461,26 @@ class Engine:
                 t.finished = now
                 t.events.put(error)
             self._finishing += len(handed)
-        if handed:
-            self._to_finish.put((wave, handed))
+        for r, t, progress in handed:
+            self._to_finish.put((wave, r, t, progress))
 
     def _run_finisher(self) -> None:
-        """Each handed row: its result (its 横批) attached, then its last Progress and the end delivered."""
         while (item := self._to_finish.get()) is not None:
-            wave, handed = item
-            for r, t, progress in handed:
-                outcome: BaseException | None = None
-                if not t.cancelled.is_set():  # a visitor who left meanwhile costs no scoring
-                    try:
-                        wave.decoding.attach_result(r, progress)
-                        t.events.put(progress)
-                    except Exception as e:  # the row's visitor hears of it; the finisher goes on
-                        outcome = e
-                t.finished = time.perf_counter()
-                t.events.put(outcome)
-                with self._lock:
-                    self._finishing -= 1
+            self._finish_row(*item)
+
+    def _finish_row(self, wave: Wave, r: int, t: Ticket, progress: Progress) -> None:
+        """A handed row: its result (its 横批) attached, then its last Progress and the end delivered."""
+        outcome: BaseException | None = None
+        if not t.cancelled.is_set():  # a visitor who left meanwhile costs no scoring
+            try:
+                wave.decoding.attach_result(r, progress)
+                t.events.put(progress)
+            except Exception as e:  # the row's visitor hears of it; the finisher goes on
+                outcome = e
+        t.finished = time.perf_counter()
+        t.events.put(outcome)
+        with self._lock:
+            self._finishing -= 1
 
     def _fail_all(self, error: BaseException) -> None:
         for wave in list(self._waves):

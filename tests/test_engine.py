@@ -144,6 +144,33 @@ def test_the_finisher_chooses_the_hengpi_after_the_cache_is_released(embedded_lm
         assert st.finishing == 0 and st.reserved_bytes == 0 and st.pool_refs == 0
 
 
+def test_an_idle_worker_helps_the_finisher_choose_the_hengpi(embedded_lm) -> None:
+    """The rows of a wave that ended with nothing else to run: the worker takes rows from the finisher's queue
+    too (work stealing), so both threads choose 横批; every row still gets its result exactly once."""
+    import threading
+
+    from couplet import hengpi
+    from couplet.generate import Decoding
+
+    hengpi.clear_cache()  # every couplet's 横批 is scored, none remembered
+    attach, threads = Decoding.attach_result, []
+
+    def measured(self, r, progress):  # instrumentation of the real method, not a stand-in
+        threads.append(threading.current_thread().name)
+        return attach(self, r, progress)
+
+    phrases = ["龙马精神", "五福临门", "万象更新", "国泰民安", "春风", "花好月圆"]
+    try:
+        Decoding.attach_result = measured
+        with Engine(embedded_lm, EngineConfig(kv_budget_mb=64, pool_mb=8)) as engine:
+            tickets = [engine.submit(CoupletRequest(p), "int8") for p in phrases]
+            results = [list(t)[-1].result for t in tickets]
+    finally:
+        Decoding.attach_result = attach
+    assert all(r is not None and r.hengpi for r in results)
+    assert len(threads) == len(phrases) and {"couplet-engine", "couplet-finisher"} <= set(threads)
+
+
 def test_requests_with_one_prompt_share_all_of_it_in_a_cache_aware_wave(embedded_lm) -> None:
     """Six visitors typing the same keywords (the same prompt: the same exemplars) and a seventh: with
     `prefix_wave` the six form a wave of their own whose rows reference every whole block of the prompt in the

@@ -168,6 +168,8 @@ def recording_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: 
         return out, None
     run = getattr(layer, "requantized_run", None)
     if run is not None:  # a lossy pool's missing blocks, several per forward (`Sharing._compute_blocks`)
+        assert layer is not None
+        layer.requantized_run = None  # consumed: the caller checks that every layer's was
         key, value, attention_mask = with_requantized_run(key, value, query.shape[2], *run)
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)[0], None
     own = key.shape[2]

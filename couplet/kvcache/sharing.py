@@ -190,7 +190,10 @@ class Sharing:
                         pooled[r] = block is not None
                         if block is not None:
                             self.blocks[r].append(block)
-                            payload = block.payload  # another request inserted it first: the same values
+                            # another row of this wave, or a session on another thread, inserted it first:
+                            # its values, equal to ours up to rounding (a lossy run's later blocks attended to
+                            # ours: the same up to rounding as after a pool hit)
+                            payload = block.payload
                         chains[r].append(payload)
         return chains
 
@@ -231,6 +234,9 @@ class Sharing:
         with recording(Recording(list(scratch.compressed), None, scores=False) if lossy_run else None):
             decoder(input_ids=torch.tensor(ids, device=s.device), attention_mask=None,
                     position_ids=pos.long(), cache=scratch, use_cache=True)
+        if lossy_run and any(layer.requantized_run is not None for layer in scratch.compressed):
+            raise RuntimeError("a layer's attention did not take the requantized run (not couplet_kv_sdpa?): its "
+                               "blocks would be computed against full-precision keys")
         own = [kv for kv in (layer.store.kv() for layer in scratch.compressed) if kv is not None]
         return [[tuple(self.codec.encode(k[r, :, a:a + bs], v[r, :, a:a + bs]) for k, v in own)
                  for a in range(0, len(t), bs)] for r, t in enumerate(tokens)]

@@ -111,12 +111,12 @@ def pct(values: list[float], q: float) -> float:
 POPULARITY_BUCKETS = ((1, 3), (4, 15), (16, 63), (64, None))
 
 
-def prompt_kv_by_popularity(typed: list[str], done: list[bool], prompt_kv: list[float]) -> dict[str, dict]:
-    """`prompt_kv` (one per finished visitor, in order) averaged per bucket of how many visitors typed the
-    same keywords: {"1-3": {"visitors": n, "prompt_kv_ratio": x}, ..., "64+": ...}; empty buckets left out."""
+def prompt_kv_by_popularity(typed: list[str], prompt_kv: list[tuple[str, float]]) -> dict[str, dict]:
+    """`prompt_kv` ((keywords, ratio) per finished visitor) averaged per bucket of how many of the visitors
+    (`typed`) typed the same keywords: {"1-3": {"visitors": n, "prompt_kv_ratio": x}, ..., "64+": ...}; empty
+    buckets left out."""
     counts = Counter(typed)
-    ratios = iter(prompt_kv)
-    finished = [(counts[p], next(ratios)) for p, ok in zip(typed, done, strict=True) if ok]
+    finished = [(counts[p], ratio) for p, ratio in prompt_kv]
     out = {}
     for low, high in POPULARITY_BUCKETS:
         inside = [r for c, r in finished if c >= low and (high is None or c <= high)]
@@ -177,9 +177,8 @@ def run_mode(lm: LoadedModel, mode: str, budget_mb: float, cfg: ServeConfig, typ
     # the prompt's KV right after the prefill (its owned slots, padding included, and its share of the pool
     # blocks it references) against the same prompt unshared at full precision: what sharing leaves resident
     token_bytes = engine.geometry.token_bytes
-    prompt_kv = [(r.steps[0].kv_bytes + r.steps[0].shared_bytes) / (len(preps[p].prompt) * token_bytes)
+    prompt_kv = [(p, (r.steps[0].kv_bytes + r.steps[0].shared_bytes) / (len(preps[p].prompt) * token_bytes))
                  for p, r in zip(typed, results, strict=True) if r]
-    by_popularity = prompt_kv_by_popularity(typed, [r is not None for r in results], prompt_kv)
     computed = sum(r.steps[0].computed_tokens for r in results if r)
     prompt_tokens = sum(len(preps[p].prompt) for p in typed)
     looked_up = pool.hits + pool.misses
@@ -193,8 +192,8 @@ def run_mode(lm: LoadedModel, mode: str, budget_mb: float, cfg: ServeConfig, typ
         "admitted_concurrency_peak": stats.peak_in_flight,
         "resident_kv_peak_bytes": max((s[1] for s in samples), default=0),
         "kv_per_request_bytes": statistics.fmean(per_request),
-        "prompt_kv_ratio": statistics.fmean(prompt_kv),
-        "prompt_kv_by_popularity": by_popularity,
+        "prompt_kv_ratio": statistics.fmean(ratio for _, ratio in prompt_kv),
+        "prompt_kv_by_popularity": prompt_kv_by_popularity(typed, prompt_kv),
         "prefix_hit_rate": pool.hits / looked_up if looked_up else 0.0,
         "prefill_tokens_ratio": computed / prompt_tokens,
         "ttft_p50_ms": pct(ttft, 50), "ttft_p90_ms": pct(ttft, 90), "ttft_p99_ms": pct(ttft, 99),

@@ -79,9 +79,8 @@ def test_prompt_kv_is_split_by_how_many_visitors_typed_the_keywords() -> None:
     from couplet.serve_bench import prompt_kv_by_popularity
 
     typed = ["吉祥如意"] * 70 + ["平安"] * 5 + ["耕读传家", "耕读传家"]
-    done = [True] * 76 + [False]  # the last visitor got no result: left out
-    ratios = [0.03] * 70 + [0.1] * 5 + [0.4]
-    assert prompt_kv_by_popularity(typed, done, ratios) == {
+    ratios = [0.03] * 70 + [0.1] * 5 + [0.4]  # the last visitor got no result: left out
+    assert prompt_kv_by_popularity(typed, list(zip(typed[:-1], ratios, strict=True))) == {
         "1-3": {"visitors": 1, "prompt_kv_ratio": pytest.approx(0.4)},
         "4-15": {"visitors": 5, "prompt_kv_ratio": pytest.approx(0.1)},
         "64+": {"visitors": 70, "prompt_kv_ratio": pytest.approx(0.03)}}

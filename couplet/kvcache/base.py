@@ -81,14 +81,21 @@ class Composition:
                                                                                      geometry.dtype_bytes)
         return math.ceil(self.sharing.block_size * per_token)
 
+    def attached_tokens(self, prompt: int) -> int:
+        """The prompt's tokens in whole pool blocks (attached from the pool, or computed into it); 0 without a
+        pool. At least one token is left to compute: its logits are the first next-token distribution."""
+        if self.sharing is None:
+            return 0
+        bs = self.sharing.block_size
+        return (prompt - 1) // bs * bs
+
     def scratch_tokens(self, prompt: int) -> int:
         """Tokens a prompt's missing pool blocks hold at full precision while they are computed (the scratch of
         `Sharing._compute_blocks`, per distinct prompt in a wave): a lossless pool's whole blocks in one
         forward, a lossy pool's runs of at most LOSSY_RUN_BLOCKS; 0 without a pool."""
         if self.sharing is None:
             return 0
-        bs = self.sharing.block_size
-        whole = (prompt - 1) // bs * bs  # the blocks attached; at least one token is left to compute
+        bs, whole = self.sharing.block_size, self.attached_tokens(prompt)
         if self.storage.codec().lossless:
             return whole
         return max(bs, min(whole, LOSSY_RUN_BLOCKS * bs))
@@ -122,7 +129,7 @@ class Composition:
         pooled = 0
         if self.sharing is not None:
             bs = self.sharing.block_size
-            whole = (prompt - 1) // bs * bs  # the blocks attached; at least one token is left to compute
+            whole = self.attached_tokens(prompt)
             # and the blocks being computed, at full precision in the scratch (`scratch_tokens`)
             prefill = min(prefill, int(whole * per_token + 0.999) + self.scratch_tokens(prompt) * geometry.token_bytes
                           + residual)

@@ -9,10 +9,16 @@ admitting them by KV-memory budget.
 A request is (couplet request, mode). Requests of the same mode and line length that are admitted together
 form a *wave*: one left-padded batch in one session (`generate.Decoding`), prefilled together and decoded
 in lockstep — every couplet of a given length has the same number of steps, so a wave starts and ends
-together and nothing has to join a running batch (a request's cache is never copied between batches). The
-worker advances every live wave by one step per round, so waves of different modes and arrival times
-interleave; a newcomer waits at most one round to start. Each wave's rows stream their progress back to
-their own tickets.
+together. The worker advances every live wave by one step per round, so waves of different modes and
+arrival times interleave. Each wave's rows stream their progress back to their own tickets.
+
+Continuous batching (`continuous`, on by default) for the modes whose cache is plain (`full`): once prefilled,
+a wave joins the running batch of its mode and line length (`Decoding.join`: the shorter cache left-padded
+to the other's width), each row decoding on at its own step, and a row leaves the batch as soon as its
+couplet is written or its visitor leaves — so waves that arrived at different times cost one forward per
+step, not one each. A compressed mode's store (quantized groups, retention scores, pool blocks) has no join:
+its waves run side by side. Measured against waves (README, engine): the same or more throughput, lower TTFT
+and end-to-end latency; a joining wave's prefill stalls the batch's step, so TPOT rises at high concurrency.
 
 Admission: a request reserves the KV bytes it can own (`Composition.owned_peak_bytes`: its prefill, during
 which the prompt is held at full precision — a quantized store's in its format, but for one layer — then its
@@ -87,6 +93,13 @@ class EngineConfig:
     # for those blocks (`PrefixPool.lease`), each row reserves only the rest of its prompt and its couplet,
     # so many more fit the budget. 0: off (arrival order only).
     prefix_wave: int = 4
+    # Continuous batching for the modes whose cache is plain (`full`): a wave, once prefilled, joins the running
+    # batch of its mode and line length (`Decoding.join`: left-padded to one width), each row decoding on at
+    # its own step and leaving when its couplet is written. Admission keeps the `min_wave` rule: joining in
+    # groups stalls the batch for fewer prefills (min_wave=1: each newcomer joins as soon as it fits; on CPU,
+    # 200 visitors at 12/s and 42 MB: 151 tok/s and TPOT p50 138 ms, against 155 and 100 with the rule).
+    # False: waves only. Measured against waves in the README (serving engine).
+    continuous: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.pool_mb < self.kv_budget_mb:
@@ -117,6 +130,7 @@ class Ticket:
     cancelled: threading.Event = field(default_factory=threading.Event)
     decoded: float | None = None  # its couplet written (and its cache released); `finished`: the 横批 too
     reserved: int = 0  # bytes reserved now
+    peak_reserved: int = 0  # the most it reserved at once (a joined row's reservation follows its batch's width)
     kv_bytes: int = 0  # what its cache holds, as of its last step
     prompt_id: bytes | None = None  # a pool mode's (mode, length, prompt) digest: who may share its whole prompt
 
@@ -174,9 +188,9 @@ class Engine:
         self._finishing = 0
         self._lock = threading.Condition()
         self._closed = False
-        # (wave, row, ticket, its last Progress) for the finisher, and for the worker when it is idle; None stops
-        # the finisher
-        self._to_finish: queue.Queue[tuple[Wave, int, Ticket, Progress] | None] = queue.Queue()
+        # (the row's result maker, `Decoding.finisher`; its ticket; its last Progress) for the finisher, and for
+        # the worker when it is idle; None stops the finisher
+        self._to_finish: queue.Queue[tuple[Callable[[Progress], None], Ticket, Progress] | None] = queue.Queue()
         self._worker = threading.Thread(target=self._run, name="couplet-engine", daemon=True)
         self._finisher = threading.Thread(target=self._run_finisher, name="couplet-finisher", daemon=True)
         self._worker.start()
@@ -287,7 +301,8 @@ class Engine:
                 self._help_finish()
                 continue
             for wave in waves:
-                self._advance(wave)
+                if wave in self._waves:  # not joined into another this round, nor ended
+                    self._advance(wave)
 
     def _help_finish(self) -> None:
         """One row from the finisher's queue, on the worker (work stealing): only the worker puts rows there,
@@ -364,7 +379,7 @@ class Engine:
             for t in group:
                 t.admitted = now
                 t.reserve_prefill, t.reserve_decode = top_prefill, top_decode
-                t.reserved = top_prefill
+                t.reserved = t.peak_reserved = top_prefill
             try:
                 decoding = Decoding(self.lm, [t.prep for t in group], group[0].mode, self.pool,
                                     finish_inline=False)
@@ -422,11 +437,12 @@ class Engine:
         wave.started = True
         now = time.perf_counter()
         last = wave.decoding.done  # its Progress goes out with the result, from the finisher
-        for t, p in zip(wave.tickets, out, strict=True):
+        written = set(wave.decoding.finished_rows)  # a joined batch's rows finish at different steps
+        for r, (t, p) in enumerate(zip(wave.tickets, out, strict=True)):
             t.kv_bytes = p.record.kv_bytes
             if t.first_token is None and p.record.step == 1:
                 t.first_token = now
-            if not t.cancelled.is_set() and not last:
+            if not t.cancelled.is_set() and r not in written:
                 t.events.put(p)
         if prefill:
             if wave.lease is not None:  # its rows reference the blocks themselves now
@@ -436,8 +452,80 @@ class Engine:
                 for t in wave.tickets:
                     self._reserved += t.reserve_decode - t.reserved
                     t.reserved = t.reserve_decode
+                    t.peak_reserved = max(t.peak_reserved, t.reserved)
+            if self.config.continuous and wave.decoding.joinable:
+                self._join(wave)
+                return
         if last:
             self._finish(wave, None, out)
+        elif self._joins(wave.decoding.mode) and (written or any(t.cancelled.is_set() for t in wave.tickets)):
+            self._leave(wave, written, out)
+
+    def _joins(self, mode: str) -> bool:
+        """Whether this mode's requests join running batches (`continuous`, and a plain cache)."""
+        return self.config.continuous and make_mode(mode).compose().plain and not self.lm.family.encoder_decoder
+
+    def _join_reserve(self, width: int, length: int, rows: Sequence[tuple[int, int]]) -> list[int]:
+        """What each row of a joined batch reserves, given every row's next (line, position): it holds the
+        batch's width, which grows by a slot per step, and by one more at each row's line break (the others
+        are padded to it), until it leaves — at most the width now, plus its own remaining steps, plus the line
+        breaks still ahead, whoever leaves meanwhile (a join or a leave recomputes it)."""
+        breaks = sum(line == 0 for line, _ in rows)
+        return [(width + 2 * length - (line * length + pos) + breaks) * self.geometry.token_bytes
+                for line, pos in rows]
+
+    def _join(self, wave: Wave) -> None:
+        """A prefilled wave joins the running batch of its mode and line length whose joined reservation fits
+        (the largest), or runs on as a batch of its own."""
+        hosts = sorted((w for w in self._waves if w is not wave and w.started and w.decoding.preps
+                        and w.decoding.mode == wave.decoding.mode and w.decoding.length == wave.decoding.length
+                        and w.decoding.joinable), key=lambda w: -len(w.tickets))
+        with self._lock:
+            for host in hosts:
+                width = max(host.decoding.width, wave.decoding.width)
+                need = self._join_reserve(width, wave.decoding.length, host.decoding.next + wave.decoding.next)
+                held = sum(t.reserved for t in host.tickets + wave.tickets)
+                if self._reserved - held + sum(need) > self.budget:
+                    continue
+                host.decoding.join(wave.decoding)
+                host.tickets += wave.tickets
+                self._waves.remove(wave)
+                self._set_reserved(host)
+                return
+
+    def _set_reserved(self, wave: Wave) -> None:
+        """A joined batch's reservations, per row (`_join_reserve`); under the lock."""
+        d = wave.decoding
+        for t, need in zip(wave.tickets, self._join_reserve(d.width, d.length, d.next), strict=True):
+            self._reserved += need - t.reserved
+            t.reserved = need
+            t.peak_reserved = max(t.peak_reserved, need)
+        self._peak_reserved = max(self._peak_reserved, self._reserved)
+
+    def _leave(self, wave: Wave, written: set[int], out: list[Progress]) -> None:
+        """Rows leave a joined batch between steps: those whose couplet is written (to the finisher, for their
+        横批) and those whose visitor left; what they reserved is returned at once."""
+        gone = sorted(written | {r for r, t in enumerate(wave.tickets) if t.cancelled.is_set()})
+        now = time.perf_counter()
+        handed = []
+        with self._lock:
+            for r in gone:
+                t = wave.tickets[r]
+                self._reserved -= t.reserved
+                t.reserved = t.kv_bytes = 0
+                if r in written:
+                    t.decoded = now
+                if r in written and not t.cancelled.is_set():
+                    handed.append((wave.decoding.finisher(r), t, out[r]))
+                else:
+                    t.finished = now
+                    t.events.put(None)
+            self._finishing += len(handed)
+            wave.decoding.drop(gone)
+            wave.tickets = [t for r, t in enumerate(wave.tickets) if r not in set(gone)]
+            self._set_reserved(wave)
+        for item in handed:
+            self._to_finish.put(item)
 
     def _finish(self, wave: Wave, error: BaseException | None, last: list[Progress] | None = None) -> None:
         """The wave is over: its cache closed, its reservation returned. With `last` (it wrote its couplets) the
@@ -447,7 +535,7 @@ class Engine:
             self.pool.end_lease(wave.lease)
             wave.lease = None
         now = time.perf_counter()
-        handed: list[tuple[int, Ticket, Progress]] = []
+        handed: list[tuple[Callable[[Progress], None], Ticket, Progress]] = []
         with self._lock:
             self._waves.remove(wave)
             for r, t in enumerate(wave.tickets):
@@ -456,24 +544,24 @@ class Engine:
                 if last is not None:  # its couplet written (a failed or abandoned wave wrote none)
                     t.decoded = now
                     if not t.cancelled.is_set():
-                        handed.append((r, t, last[r]))
+                        handed.append((wave.decoding.finisher(r), t, last[r]))
                         continue
                 t.finished = now
                 t.events.put(error)
             self._finishing += len(handed)
-        for r, t, progress in handed:
-            self._to_finish.put((wave, r, t, progress))
+        for item in handed:
+            self._to_finish.put(item)
 
     def _run_finisher(self) -> None:
         while (item := self._to_finish.get()) is not None:
             self._finish_row(*item)
 
-    def _finish_row(self, wave: Wave, r: int, t: Ticket, progress: Progress) -> None:
+    def _finish_row(self, attach: Callable[[Progress], None], t: Ticket, progress: Progress) -> None:
         """A handed row: its result (its 横批) attached, then its last Progress and the end delivered."""
         outcome: BaseException | None = None
         if not t.cancelled.is_set():  # a visitor who left meanwhile costs no scoring
             try:
-                wave.decoding.attach_result(r, progress)
+                attach(progress)
                 t.events.put(progress)
             except Exception as e:  # the row's visitor hears of it; the finisher goes on
                 outcome = e

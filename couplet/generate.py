@@ -17,7 +17,7 @@ same noise and any difference between modes is the cache's doing.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -166,7 +166,9 @@ class Decoding:
     With `follow=(upper, lower)` (one row) the loop is teacher-forced along that couplet instead of choosing,
     and each Progress carries the model's log-probability of the followed character (for NLL deltas). Runs
     under `torch.inference_mode()` per call, never across calls. A row's couplet does not depend on the others
-    in its batch (padding is masked; tested against running alone).
+    in its batch (padding is masked; tested against running alone). A prefilled plain-cache decoding can take
+    in another's rows (`join`, the engine's continuous batching): they decode on at their own steps, and a
+    row whose couplet is written leaves with `drop` (its result made by `finisher(r)`, bound before).
     """
 
     def __init__(self, lm: LoadedModel, preps: Sequence[Prepared], mode: str, pool: PrefixPool | None = None,
@@ -194,12 +196,55 @@ class Decoding:
         self.lines = [[p.keywords.text if self.lower_only else "", ""] for p in preps]
         self.records: list[list[StepRecord]] = [[] for _ in preps]
         self.seconds = 0.0
+        self.row_seconds = [0.0] * len(preps)  # each row's share: the calls it took part in
         self.logits: torch.Tensor | None = None  # (batch, vocab): each row's next-token distribution
-        self._next = (1, 0) if self.lower_only else (0, 0)  # (line, position) the next step writes
+        # per row, the (line, position) its next step writes: all alike in a wave; rows that joined a running
+        # batch (`join`) are behind the others
+        self._next = [(1, 0) if self.lower_only else (0, 0)] * len(preps)
 
     @property
     def done(self) -> bool:
-        return self._next[0] > 1
+        return all(line > 1 for line, _ in self._next)
+
+    @property
+    def finished_rows(self) -> list[int]:
+        """Rows whose couplet is written (in a joined batch, before the others')."""
+        return [r for r, (line, _) in enumerate(self._next) if line > 1]
+
+    @property
+    def joinable(self) -> bool:
+        return self.session.joinable and self.follow is None
+
+    @property
+    def next(self) -> list[tuple[int, int]]:
+        """Each row's next (line, position)."""
+        return list(self._next)
+
+    @property
+    def width(self) -> int:
+        """Slots per row in the batch's cache (a joined batch's rows are left-padded to one width)."""
+        return self.session.cache.get_seq_length()
+
+    def join(self, other: Decoding) -> None:
+        """Continuous batching: `other`'s rows, prefilled, join this running batch (same mode and line length)
+        and decode on in its forwards, each at its own step. `other` is spent."""
+        if other.mode != self.mode or other.length != self.length or not (self.joinable and other.joinable) \
+                or self.logits is None or other.logits is None:
+            raise ValueError("only prefilled full-cache decodings of one mode and line length can join")
+        self.session.join(other.session)
+        self.logits = torch.cat([self.logits, other.logits])
+        for name in ("preps", "constraints", "keyword_positions", "lines", "records", "row_seconds", "_next"):
+            getattr(self, name).extend(getattr(other, name))
+
+    def drop(self, rows: Sequence[int]) -> None:
+        """These rows leave the batch (their couplets written; `attach_result` must have run or be given up)."""
+        gone = set(rows)
+        keep = [r for r in range(len(self.preps)) if r not in gone]
+        self.session.drop(keep)
+        assert self.logits is not None
+        self.logits = self.logits[keep]
+        for name in ("preps", "constraints", "keyword_positions", "lines", "records", "row_seconds", "_next"):
+            setattr(self, name, [getattr(self, name)[r] for r in keep])
 
     def close(self) -> None:
         self.session.close()
@@ -238,15 +283,19 @@ class Decoding:
         self.session.set_encoder(self.lm.model.get_encoder()(input_ids=ids, attention_mask=mask), mask)
 
     def step(self) -> list[Progress]:
-        """Choose (or follow) each row's next character and feed them: one forward, none after the last."""
+        """Choose (or follow) each row's next character and feed them: one forward, none after the last. In a
+        joined batch rows are at different steps: the one whose 上联 ends feeds the line break too (the others
+        are left-padded to its width), and a row that has just finished feeds a masked pad until it is dropped."""
         t0 = time.perf_counter()
-        line, pos = self._next
         length, lm = self.length, self.lm
         with torch.inference_mode():
             assert self.logits is not None, "prefill() first"
-            chars, logprob = [], None
-            step = line * length + pos + 1
+            chars, steps, logprob = [], [], None
             for r, prep in enumerate(self.preps):
+                line, pos = self._next[r]
+                if line > 1:
+                    raise ValueError(f"row {r} has finished: drop it before the next step")
+                step = line * length + pos + 1
                 char = self.constraints[r].fixed(line, pos)
                 if self.follow is not None:
                     char = self.follow[line][pos]
@@ -258,17 +307,25 @@ class Decoding:
                                                 self.constraints[r].bias_at(line, pos, self.lines[r]))]
                 self.lines[r][line] += char
                 chars.append(char)
-            self._next = (line, pos + 1) if pos + 1 < length else (line + 1, 0)
+                steps.append(step)
+            before = self._next
+            self._next = [(line, pos + 1) if pos + 1 < length else (line + 1, 0) for line, pos in before]
             if not self.done:
                 # Structure for retention modes (others ignore it), for the character the next forward
                 # writes: keywords and the 上联 so far, then the 上联 characters 下联 must mirror.
-                self.session.protect([couplet_protection(kw, len(p.prompt), length, *self._next)
-                                      for kw, p in zip(self.keyword_positions, self.preps, strict=True)])
+                self.session.protect([couplet_protection(kw, len(p.prompt), length, *nxt)
+                                      for kw, p, nxt in zip(self.keyword_positions, self.preps, self._next,
+                                                            strict=True)])
                 # the line break (<mid>, or the family's) rides along with the last 上联 character
-                brk = list(lm.family.line_break) if line == 0 and pos == length - 1 else []
-                feed = [lm.char_ids(c) + brk for c in chars]
-                self.logits = self.session.forward(torch.tensor(feed, device=lm.device), logits_to_keep=1)[:, -1]
-            out = self._progress(step, chars, t0, logprob)
+                feed = [lm.char_ids(c) + (list(lm.family.line_break) if (line, pos) == (0, length - 1) else [])
+                        if nxt[0] <= 1 else [] for c, (line, pos), nxt in zip(chars, before, self._next, strict=True)]
+                width = max(len(f) for f in feed)
+                mask = None
+                if any(len(f) < width for f in feed):  # a joined batch: rows at different steps
+                    mask = torch.tensor([[0] * (width - len(f)) + [1] * len(f) for f in feed], device=lm.device)
+                ids = torch.tensor([[lm.family.pad] * (width - len(f)) + f for f in feed], device=lm.device)
+                self.logits = self.session.forward(ids, attention_mask=mask, logits_to_keep=1)[:, -1]
+            out = self._progress(steps, chars, t0, logprob)
         if self.done and self.finish_inline:
             for r, progress in enumerate(out):
                 self.attach_result(r, progress)
@@ -279,28 +336,36 @@ class Decoding:
         step's Progress; its `seconds` are the decoding's plus its own finishing. `step` does this for every row
         unless the caller finishes them itself (`finish_inline=False`: the engine, on its own thread, so that
         the model's worker decodes on meanwhile). Needs no cache: callable after `close()`."""
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            progress.result = self._result(r)
-        progress.result.seconds = self.seconds + time.perf_counter() - t0
+        self.finisher(r)(progress)
 
-    def _progress(self, step: int, chars: list[str], t0: float, logprob: float | None = None) -> list[Progress]:
+    def finisher(self, r: int) -> Callable[[Progress], None]:
+        """`attach_result` for row r, bound now: callable after the row has left the batch (`drop`)."""
+        prep, (upper, lower), records, seconds = self.preps[r], self.lines[r], self.records[r], self.row_seconds[r]
+
+        def attach(progress: Progress) -> None:
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                progress.result = finish(self.lm, prep, self.mode, upper, lower, records)
+            progress.result.seconds = seconds + time.perf_counter() - t0
+
+        return attach
+
+    def _progress(self, steps: int | list[int], chars: list[str], t0: float,
+                  logprob: float | None = None) -> list[Progress]:
         alloc, peak = _device_memory(self.lm.device)
         seconds = time.perf_counter() - t0
         self.seconds += seconds
         out = []
         for r, s in enumerate(self.session.stats_per_row()):
+            step = steps if isinstance(steps, int) else steps[r]
+            self.row_seconds[r] += seconds
             row = self.session.rows[r]  # the prefill's tokens include the pool blocks computed for it
-            computed = 0 if self.done else row.fed + (row.pooled_computed if step == 0 else 0)
+            computed = 0 if self._next[r][0] > 1 else row.fed + (row.pooled_computed if step == 0 else 0)
             rec = StepRecord(self.mode, step, chars[r], s.logical_length, s.stored_tokens, s.kv_bytes,
                              s.shared_bytes, s.full_equivalent_bytes, alloc, peak, seconds, computed)
             self.records[r].append(rec)
             out.append(Progress(self.mode, self.lines[r][0], self.lines[r][1], rec, logprob=logprob))
         return out
-
-    def _result(self, r: int) -> CoupletResult:
-        upper, lower = self.lines[r]
-        return finish(self.lm, self.preps[r], self.mode, upper, lower, self.records[r])
 
 
 def finish(lm: LoadedModel, prep: Prepared, mode: str, upper: str, lower: str,

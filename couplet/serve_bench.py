@@ -61,6 +61,7 @@ class ServeConfig:
     max_batch: int = EngineConfig.max_batch  # the engine's defaults, one source
     min_wave: int | None = EngineConfig.min_wave  # a new wave waits for this many rows while others run
     prefix_wave: int = EngineConfig.prefix_wave  # this many waiting with one prompt: a cache-aware wave of their own
+    continuous: bool = EngineConfig.continuous  # plain-cache modes join running batches (continuous batching)
     seed: int = 0
     model: str | None = None
     device: str | None = None
@@ -133,7 +134,7 @@ def run_mode(lm: LoadedModel, mode: str, budget_mb: float, cfg: ServeConfig, typ
     # after `full` found its couplets' 横批 already chosen (95-100% are `full`'s couplets) and looked faster.
     hengpi.clear_cache()
     engine = Engine(lm, EngineConfig(kv_budget_mb=budget_mb, pool_mb=cfg.pool_mb, max_batch=cfg.max_batch,
-                                     min_wave=cfg.min_wave, prefix_wave=cfg.prefix_wave,
+                                     min_wave=cfg.min_wave, prefix_wave=cfg.prefix_wave, continuous=cfg.continuous,
                                      max_waiting=cfg.visitors))
     samples: list[tuple[int, int]] = []  # (in flight, resident bytes) every 10 ms
     stop = threading.Event()
@@ -386,6 +387,9 @@ def parse_args(argv: list[str]) -> ServeConfig:
     p.add_argument("--prefix-wave", type=int, default=ServeConfig.prefix_wave,
                    help="a pool mode's requests waiting with one prompt, at least this many, form a cache-aware "
                         "wave of their own (0: arrival order only)")
+    p.add_argument("--continuous", action=argparse.BooleanOptionalAction, default=ServeConfig.continuous,
+                   help="continuous batching for the plain-cache mode (full): prefilled rows join the running "
+                        "batch and leave when written, newcomers are admitted whenever they fit")
     p.add_argument("--seed", type=int, default=0)
     add_model_args(p)
     add_backend_args(p)

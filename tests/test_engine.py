@@ -31,7 +31,7 @@ def wait_idle(engine: Engine, seconds: float = 30.0) -> None:
 
 @pytest.mark.parametrize("mode", list(MODES))
 def test_a_wave_writes_what_each_request_writes_alone(embedded_lm, mode: str) -> None:
-    with Engine(embedded_lm, EngineConfig(kv_budget_mb=64, pool_mb=8)) as engine:
+    with Engine(embedded_lm, EngineConfig(kv_budget_mb=64, pool_mb=8, continuous=False)) as engine:
         tickets = [engine.submit(CoupletRequest(p), mode) for p in PHRASES]
         results = [list(t)[-1].result for t in tickets]
         wait_idle(engine)
@@ -153,20 +153,25 @@ def test_an_idle_worker_helps_the_finisher_choose_the_hengpi(embedded_lm) -> Non
     from couplet.generate import Decoding
 
     hengpi.clear_cache()  # every couplet's 横批 is scored, none remembered
-    attach, threads = Decoding.attach_result, []
+    finisher, threads = Decoding.finisher, []
 
-    def measured(self, r, progress):  # instrumentation of the real method, not a stand-in
-        threads.append(threading.current_thread().name)
-        return attach(self, r, progress)
+    def measured(self, r):  # instrumentation of the real method, not a stand-in
+        attach = finisher(self, r)
+
+        def run(progress):
+            threads.append(threading.current_thread().name)
+            return attach(progress)
+
+        return run
 
     phrases = ["龙马精神", "五福临门", "万象更新", "国泰民安", "春风", "花好月圆"]
     try:
-        Decoding.attach_result = measured
+        Decoding.finisher = measured
         with Engine(embedded_lm, EngineConfig(kv_budget_mb=64, pool_mb=8)) as engine:
             tickets = [engine.submit(CoupletRequest(p), "int8") for p in phrases]
             results = [list(t)[-1].result for t in tickets]
     finally:
-        Decoding.attach_result = attach
+        Decoding.finisher = finisher
     assert all(r is not None and r.hengpi for r in results)
     assert len(threads) == len(phrases) and {"couplet-engine", "couplet-finisher"} <= set(threads)
 
@@ -202,3 +207,36 @@ def test_requests_with_one_prompt_share_all_of_it_in_a_cache_aware_wave(embedded
     assert runs[0][0] <= 3 and runs[4][0] == 7
     full_prompt = len(prep.prompt) * engine.geometry.token_bytes
     assert runs[4][1] < 0.1 * full_prompt  # the rows own a partial block and their couplet
+
+
+def test_continuous_batching_joins_rows_at_their_own_step_and_they_write_what_they_write_alone(embedded_lm) -> None:
+    """`continuous`: requests arriving while a batch decodes are prefilled, then join it (left-padded to its
+    width) and decode on at their own step, one forward per step for all of them; each row leaves when its
+    couplet is written. Every couplet is what the request writes alone, one visitor who leaves mid-way is
+    dropped from the batch, and every reservation is back when idle."""
+    phrases = ["龙马精神", "春风", "五福临门", "平安", "吉祥如意"]
+    alone = {p: generate(embedded_lm, CoupletRequest(p), "full") for p in phrases}
+    with Engine(embedded_lm, EngineConfig(kv_budget_mb=64, pool_mb=1, continuous=True)) as engine:
+        first = engine.submit(CoupletRequest(phrases[0]), "full")
+        stream = iter(first)
+        for _ in range(3):  # the first row is 3 characters in when the others arrive
+            next(stream)
+        leaver = engine.submit(CoupletRequest("梅花"), "full")
+        later = [engine.submit(CoupletRequest(p), "full") for p in phrases[1:]]
+        next(iter(leaver))
+        leaver.cancel()
+        results = [[*stream][-1].result] + [list(t)[-1].result for t in later]
+        wait_idle(engine)
+        st = engine.stats()
+        assert st.reserved_bytes == 0 and st.peak_reserved_bytes <= engine.budget
+        assert st.peak_in_flight >= 3
+        # the newcomers' prefills are forwards of their own; every step after them is one forward for all
+        assert st.forwards <= st.rounds + 2
+    # what each row held (its share of the joined, left-padded batch) never exceeded what it reserved
+    assert all(max(s.kv_bytes for s in r.steps) <= t.peak_reserved
+               for r, t in zip(results, [first, *later], strict=True))
+    for phrase, r in zip(phrases, results, strict=True):
+        assert (r.upper, r.lower, r.hengpi) == (alone[phrase].upper, alone[phrase].lower, alone[phrase].hengpi)
+    assert leaver.finished is not None and leaver.decoded is None  # left before its couplet was written
+    # rows joined at different steps: the first row's first character came before the others were admitted
+    assert all(first.first_token < t.admitted for t in later)

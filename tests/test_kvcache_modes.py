@@ -304,3 +304,37 @@ def test_quantized_logits_stay_close_to_full(tiny_causal_lm, mode: str, options:
         assert st.kv_bytes == sum(t.numel() * t.element_size() for t in held) < st.full_equivalent_bytes
     for a, b in zip(outs, ref_logits, strict=True):
         assert torch.allclose(a, b, atol=atol, rtol=0), (a - b).abs().max()
+
+
+def test_rows_join_a_running_full_batch_at_their_own_step_and_leave_it(tiny_causal_lm) -> None:
+    """Continuous batching's cache half (`ModeSession.join` / `drop`): a 3-steps-old row with a long prompt and a
+    freshly prefilled, left-padded pair decode on in one batch, each at its own position; the old row leaves and
+    the padding it made the pair carry is trimmed. Every row's logits are what it computes alone, at every step."""
+    prompts = [LONG_PROMPT[:20], [1, 9, 33, 4, 27], PROMPT]
+    alone = [reference(tiny_causal_lm, p, 8) for p in prompts]
+    old = make_mode("full").new_session(tiny_causal_lm)
+    new = make_mode("full").new_session(tiny_causal_lm)
+    assert old.joinable and not make_mode("int8").new_session(tiny_causal_lm).joinable
+    last = old.forward(torch.tensor([prompts[0]]))[:, -1]
+    for _ in range(3):
+        last = old.forward(last.argmax(-1, keepdim=True))[:, -1]
+    width = max(len(p) for p in prompts[1:])
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts[1:]])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts[1:]])
+    first = new.forward(ids, attention_mask=mask)[:, -1]
+    old.join(new)
+    assert old.batch == 3 and old.cache.get_seq_length() == len(prompts[0]) + 3  # the pair left-padded to it
+    last = torch.cat([last, first])  # each row's next-token distribution
+    steps = [3, 0, 0]  # each row's step
+    for step in range(4):
+        tokens = last.argmax(-1)
+        last = old.forward(tokens[:, None])[:, -1]
+        for i, r in enumerate([0, 1, 2] if step < 2 else [1, 2]):
+            steps[r] += 1
+            assert int(tokens[i]) == alone[r][0][steps[r] - 1]
+            assert torch.allclose(last[i], alone[r][1][steps[r]][0], atol=1e-5, rtol=0), (step, r)
+        if step == 1:  # the old row leaves, and the pair's padding with it
+            old.drop([1, 2])
+            last = last[1:]
+            assert old.batch == 2 and old.cache.get_seq_length() == width + 2
+    old.close()

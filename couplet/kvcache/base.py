@@ -72,6 +72,12 @@ class Composition:
     retention: Retention | None = None
     sharing: SharingPolicy | None = None
 
+    @property
+    def plain(self) -> bool:
+        """Nothing compressed: transformers' DynamicCache itself (`build_session`), whose rows can join a
+        running batch (`ModeSession.join`, the engine's continuous batching)."""
+        return isinstance(self.storage, PlainStorage) and self.retention is None and self.sharing is None
+
     def block_bytes(self, geometry: KVGeometry) -> int:
         """Bytes of one pool block in this composition's codec (all layers, keys and values); 0 without a
         pool. What `PrefixPool.lease` sets aside for a block not yet computed."""
@@ -169,7 +175,7 @@ def build_session(name: str, parts: Composition, model: Any, pool: PrefixPool | 
 
     install_attention(model)
     retention = parts.retention
-    if isinstance(parts.storage, PlainStorage) and retention is None and parts.sharing is None:
+    if parts.plain:
         return ModeSession(name, model, FullCache(config=model.config))
     cache = CompressedCache(attention_layers(model), parts.storage.make_store,
                             wants_scores=retention is not None and retention.uses_attention,

@@ -321,6 +321,28 @@ class FullCache(DynamicCache):
     def stored_length(self) -> int:
         return self.get_seq_length()
 
+    def append_rows(self, other: FullCache) -> int:
+        """Concatenate `other`'s rows after this cache's, the shorter left-padded with zeros to the longer's
+        width (the callers mask the padding); returns that width. By hand: transformers' cache layers select
+        and repeat rows (`batch_select_indices`) but have no concatenation of two caches."""
+        width = max(self.get_seq_length(), other.get_seq_length())
+        for mine, theirs in zip(self._dense(), other._dense(), strict=True):
+            (k, v), (ok, ov) = _tensors(mine), _tensors(theirs)
+            mine.keys, mine.values = (torch.cat([_pad_left(a, width), _pad_left(b, width)])
+                                      for a, b in ((k, ok), (v, ov)))
+        return width
+
+    def keep_rows(self, rows: torch.Tensor, trim: int) -> None:
+        """Keep these rows (indices), without their first `trim` slots."""
+        for layer in self._dense():
+            k, v = _tensors(layer)
+            layer.keys, layer.values = k[rows, :, trim:], v[rows, :, trim:]
+
+    def _dense(self) -> list[DynamicLayer]:
+        layers = [layer for layer in self.layers if isinstance(layer, DynamicLayer)]
+        assert len(layers) == len(self.layers), "a FullCache of transformers' dense layers only"
+        return layers
+
     def _keys_values(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         out = []
         for layer in self.layers:
@@ -336,3 +358,13 @@ class FullCache(DynamicCache):
 
     def token_bytes(self) -> int:
         return sum(2 * k.shape[1] * k.shape[-1] * k.element_size() for k, _ in self._keys_values())
+
+
+def _pad_left(t: torch.Tensor, width: int) -> torch.Tensor:
+    """(batch, heads, slots, dim) left-padded with zeros to `width` slots."""
+    return torch.nn.functional.pad(t, (0, 0, width - t.shape[2], 0))
+
+
+def _tensors(layer: DynamicLayer) -> tuple[torch.Tensor, torch.Tensor]:
+    assert layer.keys is not None and layer.values is not None, "a prefilled layer"
+    return layer.keys, layer.values

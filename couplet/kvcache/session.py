@@ -129,6 +129,41 @@ class ModeSession:
         for row, n in zip(self._rows_for("expect", len(lengths)), lengths, strict=True):
             row.expected = n
 
+    @property
+    def joinable(self) -> bool:
+        """Whether another session's rows can join this one's batch (`join`): the plain full cache only. A
+        compressed layout (quantized groups with their residual, retention scores and merged slots, pool block
+        references with their cascade prefix) would need a join of its own per store — not built, see the
+        README's engine section."""
+        return (isinstance(self.cache, FullCache) and self.retention is None and self.sharing is None
+                and self.encoder is None)
+
+    def join(self, other: ModeSession) -> None:
+        """Append `other`'s rows to this batch (continuous batching), both sessions past their prefill; `other`
+        is spent. The shorter cache is left-padded to the longer one's width (`FullCache.append_rows`), its
+        padding slots masked like a prefill's."""
+        if not (self.joinable and other.joinable) or not self.steps or not other.steps:
+            raise ValueError("only two full-cache sessions past their prefill can join")
+        assert isinstance(self.cache, FullCache) and isinstance(other.cache, FullCache)
+        width = self.cache.append_rows(other.cache)
+        for row in self.rows + other.rows:
+            row.valid[:0] = [False] * (width - len(row.valid))
+        self.rows += other.rows
+        other.rows, other._closed = [], True
+
+    def drop(self, keep: Sequence[int]) -> None:
+        """Keep only these rows (the others finished), and trim the columns that are padding in every row kept
+        (a joined batch's left padding does not outlive the rows that needed it)."""
+        if not self.joinable:
+            raise ValueError("rows leave a full-cache session only")
+        rows = [self.rows[i] for i in keep]
+        trim = min((row.valid.index(True) if True in row.valid else len(row.valid) for row in rows), default=0)
+        assert isinstance(self.cache, FullCache)
+        self.cache.keep_rows(torch.tensor(list(keep), dtype=torch.long, device=self.device), trim)
+        for row in rows:
+            del row.valid[:trim]
+        self.rows = rows
+
     def set_encoder(self, outputs: Any, attention_mask: torch.Tensor | None) -> None:
         """Before the first forward of an encoder–decoder model: what its decoder attends to."""
         self.encoder = (outputs, attention_mask)
@@ -230,3 +265,4 @@ class ModeSession:
         rows = [[False] * (logical - stored) + [True] * prefix + row.valid + (flags[r] if flags else [True] * q)
                 for r, row in enumerate(self.rows)]
         return torch.tensor(rows, dtype=torch.long, device=self.device)
+

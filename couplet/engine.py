@@ -19,6 +19,8 @@ couplet is written or its visitor leaves — so waves that arrived at different 
 step, not one each. A compressed mode's store (quantized groups, retention scores, pool blocks) has no join:
 its waves run side by side. Measured against waves (README, engine): the same or more throughput, lower TTFT
 and end-to-end latency; a joining wave's prefill stalls the batch's step, so TPOT rises at high concurrency.
+`prefill_chunk` (off by default) feeds a plain-cache wave's prompts a chunk per round instead, between the
+batch's steps: TPOT back down, TTFT and end-to-end latency up (measured in the README).
 
 Admission: a request reserves the KV bytes it can own (`Composition.owned_peak_bytes`: its prefill, during
 which the prompt is held at full precision — a quantized store's in its format, but for one layer — then its
@@ -100,13 +102,17 @@ class EngineConfig:
     # 200 visitors at 12/s and 42 MB: 151 tok/s and TPOT p50 138 ms, against 155 and 100 with the rule).
     # False: waves only. Measured against waves in the README (serving engine).
     continuous: bool = True
+    # Chunked prefill for the plain cache (Sarathi-Serve, vLLM's chunked prefill, one chunk per round): a new
+    # wave's prompt is fed at most this many columns per forward, so the running batch steps between its
+    # chunks instead of waiting for the whole prefill. 0: the whole prompt in one forward.
+    prefill_chunk: int = 0
 
     def __post_init__(self) -> None:
         if not 0 <= self.pool_mb < self.kv_budget_mb:
             raise ValueError(f"pool_mb must be in [0, kv_budget_mb), got {self.pool_mb} of {self.kv_budget_mb}")
         if self.max_batch < 1 or self.max_waiting < 0 or (self.min_wave is not None and self.min_wave < 1) \
-                or self.prefix_wave < 0:
-            raise ValueError("max_batch and min_wave must be >= 1, max_waiting and prefix_wave >= 0")
+                or self.prefix_wave < 0 or self.prefill_chunk < 0:
+            raise ValueError("max_batch and min_wave must be >= 1, max_waiting, prefix_wave and prefill_chunk >= 0")
 
     @property
     def wave_floor(self) -> int:
@@ -430,9 +436,11 @@ class Engine:
         prefill = not wave.started
         self._forwards += 1  # only the worker writes it; a wave whose rows all left (above) runs none
         try:
-            out = wave.decoding.prefill() if prefill else wave.decoding.step()
+            out = wave.decoding.prefill(self.config.prefill_chunk or None) if prefill else wave.decoding.step()
         except Exception as e:  # a failure must reach this wave's visitors, not kill the worker
             self._finish(wave, e)
+            return
+        if out is None:  # a chunk of its prefill: the rest in the next rounds, between the other waves' steps
             return
         wave.started = True
         now = time.perf_counter()

@@ -171,6 +171,10 @@ class Decoding:
     row whose couplet is written leaves with `drop` (its result made by `finisher(r)`, bound before).
     """
 
+    # what is kept per row, in row order (`join` appends, `drop` selects)
+    _PER_ROW = ("preps", "constraints", "keyword_positions", "lines", "records", "row_seconds", "_next",
+                "_chunks_fed")
+
     def __init__(self, lm: LoadedModel, preps: Sequence[Prepared], mode: str, pool: PrefixPool | None = None,
                  follow: tuple[str, str] | None = None, finish_inline: bool = True, **mode_options) -> None:
         lengths = {p.length for p in preps}
@@ -197,6 +201,8 @@ class Decoding:
         self.records: list[list[StepRecord]] = [[] for _ in preps]
         self.seconds = 0.0
         self.row_seconds = [0.0] * len(preps)  # each row's share: the calls it took part in
+        self._prompt: tuple[torch.Tensor, torch.Tensor | None, int] | None = None  # (ids, mask, columns fed)
+        self._chunks_fed = [0] * len(preps)  # prompt tokens fed by the prefill's earlier chunks
         self.logits: torch.Tensor | None = None  # (batch, vocab): each row's next-token distribution
         # per row, the (line, position) its next step writes: all alike in a wave; rows that joined a running
         # batch (`join`) are behind the others
@@ -233,7 +239,7 @@ class Decoding:
             raise ValueError("only prefilled full-cache decodings of one mode and line length can join")
         self.session.join(other.session)
         self.logits = torch.cat([self.logits, other.logits])
-        for name in ("preps", "constraints", "keyword_positions", "lines", "records", "row_seconds", "_next"):
+        for name in self._PER_ROW:
             getattr(self, name).extend(getattr(other, name))
 
     def drop(self, rows: Sequence[int]) -> None:
@@ -243,30 +249,45 @@ class Decoding:
         self.session.drop(keep)
         assert self.logits is not None
         self.logits = self.logits[keep]
-        for name in ("preps", "constraints", "keyword_positions", "lines", "records", "row_seconds", "_next"):
+        for name in self._PER_ROW:
             setattr(self, name, [getattr(self, name)[r] for r in keep])
 
     def close(self) -> None:
         self.session.close()
 
-    def prefill(self) -> list[Progress]:
+    def prefill(self, chunk: int | None = None) -> list[Progress] | None:
+        """Feed the prompts (left-padded to the longest). With `chunk`, a plain cache's prefill goes at most that
+        many columns per call (chunked prefill: the engine then runs the batch's steps in between); None until
+        the last chunk, which returns the step-0 Progress. Other caches take the whole prompt at once (a pool
+        attaches, a retention mode evicts, after the first forward)."""
         t0 = time.perf_counter()
         with torch.inference_mode():
-            # every token fed: the prompt, 上联 + <mid>, 下联 but its last character; retention budgets are a
-            # share of this whole length (a fixed per-request cap), not of the tokens seen so far
-            brk = len(self.lm.family.line_break)
-            fed = self.length - 1 if self.lower_only else 2 * self.length + brk - 1
-            self.session.expect([len(p.prompt) + fed for p in self.preps])
-            if self.encoder_decoder:
-                self._encode()
-            width = max(len(p.prompt) for p in self.preps)
-            ids = [[self.lm.family.pad] * (width - len(p.prompt)) + p.prompt for p in self.preps]
-            mask = None
-            if any(len(p.prompt) < width for p in self.preps):
-                mask = torch.tensor([[0] * (width - len(p.prompt)) + [1] * len(p.prompt) for p in self.preps],
-                                    device=self.lm.device)
-            out = self.session.forward(torch.tensor(ids, device=self.lm.device), attention_mask=mask,
+            if self._prompt is None:
+                # every token fed: the prompt, 上联 + <mid>, 下联 but its last character; retention budgets are a
+                # share of this whole length (a fixed per-request cap), not of the tokens seen so far
+                brk = len(self.lm.family.line_break)
+                fed = self.length - 1 if self.lower_only else 2 * self.length + brk - 1
+                self.session.expect([len(p.prompt) + fed for p in self.preps])
+                if self.encoder_decoder:
+                    self._encode()
+                width = max(len(p.prompt) for p in self.preps)
+                rows = [[self.lm.family.pad] * (width - len(p.prompt)) + p.prompt for p in self.preps]
+                padding = None
+                if any(len(p.prompt) < width for p in self.preps):
+                    padding = torch.tensor([[0] * (width - len(p.prompt)) + [1] * len(p.prompt) for p in self.preps],
+                                           device=self.lm.device)
+                self._prompt = (torch.tensor(rows, device=self.lm.device), padding, 0)
+            ids, mask, at = self._prompt
+            end = ids.shape[1] if chunk is None or not self.joinable else min(ids.shape[1], at + chunk)
+            out = self.session.forward(ids[:, at:end], attention_mask=None if mask is None else mask[:, at:end],
                                        logits_to_keep=1)
+            self._prompt = (ids, mask, end)
+            if end < ids.shape[1]:  # more chunks to come: their time and tokens count at the last one
+                for r, row in enumerate(self.session.rows):
+                    self._chunks_fed[r] += row.fed
+                    self.row_seconds[r] += time.perf_counter() - t0
+                self.seconds += time.perf_counter() - t0
+                return None
             self.logits = out[:, -1]
             # a prefix-pool hit computes only the rest: what the prefill cost each request
             return self._progress(0, [""] * len(self.preps), t0)
@@ -360,7 +381,8 @@ class Decoding:
             step = steps if isinstance(steps, int) else steps[r]
             self.row_seconds[r] += seconds
             row = self.session.rows[r]  # the prefill's tokens include the pool blocks computed for it
-            computed = 0 if self._next[r][0] > 1 else row.fed + (row.pooled_computed if step == 0 else 0)
+            computed = 0 if self._next[r][0] > 1 else \
+                row.fed + (row.pooled_computed + self._chunks_fed[r] if step == 0 else 0)
             rec = StepRecord(self.mode, step, chars[r], s.logical_length, s.stored_tokens, s.kv_bytes,
                              s.shared_bytes, s.full_equivalent_bytes, alloc, peak, seconds, computed)
             self.records[r].append(rec)
@@ -384,7 +406,9 @@ def decode(lm: LoadedModel, prep: Prepared, mode: str, pool: PrefixPool | None =
     the last Progress carries the result. See `Decoding`."""
     run = Decoding(lm, [prep], mode, pool, follow, **mode_options)
     try:
-        yield run.prefill()[0]
+        first = run.prefill()
+        assert first is not None  # the whole prompt in one call
+        yield first[0]
         while not run.done:
             yield run.step()[0]
     finally:

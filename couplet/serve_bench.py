@@ -62,6 +62,7 @@ class ServeConfig:
     min_wave: int | None = EngineConfig.min_wave  # a new wave waits for this many rows while others run
     prefix_wave: int = EngineConfig.prefix_wave  # this many waiting with one prompt: a cache-aware wave of their own
     continuous: bool = EngineConfig.continuous  # plain-cache modes join running batches (continuous batching)
+    prefill_chunk: int = EngineConfig.prefill_chunk  # plain-cache prefills fed this many columns per forward
     seed: int = 0
     model: str | None = None
     device: str | None = None
@@ -135,6 +136,7 @@ def run_mode(lm: LoadedModel, mode: str, budget_mb: float, cfg: ServeConfig, typ
     hengpi.clear_cache()
     engine = Engine(lm, EngineConfig(kv_budget_mb=budget_mb, pool_mb=cfg.pool_mb, max_batch=cfg.max_batch,
                                      min_wave=cfg.min_wave, prefix_wave=cfg.prefix_wave, continuous=cfg.continuous,
+                                     prefill_chunk=cfg.prefill_chunk,
                                      max_waiting=cfg.visitors))
     samples: list[tuple[int, int]] = []  # (in flight, resident bytes) every 10 ms
     stop = threading.Event()
@@ -390,6 +392,8 @@ def parse_args(argv: list[str]) -> ServeConfig:
     p.add_argument("--continuous", action=argparse.BooleanOptionalAction, default=ServeConfig.continuous,
                    help="continuous batching for the plain-cache mode (full): prefilled rows join the running "
                         "batch and leave when written, newcomers are admitted whenever they fit")
+    p.add_argument("--prefill-chunk", type=int, default=ServeConfig.prefill_chunk,
+                   help="chunked prefill for the plain-cache mode: prompt columns per forward (0: all at once)")
     p.add_argument("--seed", type=int, default=0)
     add_model_args(p)
     add_backend_args(p)

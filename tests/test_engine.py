@@ -209,14 +209,18 @@ def test_requests_with_one_prompt_share_all_of_it_in_a_cache_aware_wave(embedded
     assert runs[4][1] < 0.1 * full_prompt  # the rows own a partial block and their couplet
 
 
-def test_continuous_batching_joins_rows_at_their_own_step_and_they_write_what_they_write_alone(embedded_lm) -> None:
-    """`continuous`: requests arriving while a batch decodes are prefilled, then join it (left-padded to its
-    width) and decode on at their own step, one forward per step for all of them; each row leaves when its
-    couplet is written. Every couplet is what the request writes alone, one visitor who leaves mid-way is
-    dropped from the batch, and every reservation is back when idle."""
+@pytest.mark.parametrize("chunk", [0, 96])
+def test_continuous_batching_joins_rows_at_their_own_step_and_they_write_what_they_write_alone(embedded_lm,
+                                                                                                chunk: int) -> None:
+    """`continuous`: requests arriving while a batch decodes are prefilled (whole, or in chunks of 96 columns
+    between the batch's steps), then join it (left-padded to its width) and decode on at their own step, one
+    forward per step for all of them; each row leaves when its couplet is written. Every couplet is what the
+    request writes alone, one visitor who leaves mid-way is dropped from the batch, and every reservation is
+    back when idle."""
     phrases = ["龙马精神", "春风", "五福临门", "平安", "吉祥如意"]
     alone = {p: generate(embedded_lm, CoupletRequest(p), "full") for p in phrases}
-    with Engine(embedded_lm, EngineConfig(kv_budget_mb=64, pool_mb=1, continuous=True)) as engine:
+    config = EngineConfig(kv_budget_mb=64, pool_mb=1, continuous=True, prefill_chunk=chunk)
+    with Engine(embedded_lm, config) as engine:
         first = engine.submit(CoupletRequest(phrases[0]), "full")
         stream = iter(first)
         for _ in range(3):  # the first row is 3 characters in when the others arrive
@@ -230,8 +234,11 @@ def test_continuous_batching_joins_rows_at_their_own_step_and_they_write_what_th
         st = engine.stats()
         assert st.reserved_bytes == 0 and st.peak_reserved_bytes <= engine.budget
         assert st.peak_in_flight >= 3
-        # the newcomers' prefills are forwards of their own; every step after them is one forward for all
-        assert st.forwards <= st.rounds + 2
+        # the newcomers' prefills (or each of their chunks) are forwards of their own; every step after them is
+        # one forward for all
+        chunks = 1 if not chunk else -(-max(len(prepare(embedded_lm, CoupletRequest(p)).prompt) for p in phrases)
+                                         // chunk)
+        assert st.forwards <= st.rounds + 2 * chunks
     # what each row held (its share of the joined, left-padded batch) never exceeded what it reserved
     assert all(max(s.kv_bytes for s in r.steps) <= t.peak_reserved
                for r, t in zip(results, [first, *later], strict=True))

@@ -102,3 +102,24 @@ def test_a_half_read_stream_leaves_autograd_as_it_was(tiny_lm):
     assert torch.is_grad_enabled()
     w = torch.ones(2, requires_grad=True)
     assert (w * 2).sum().grad_fn is not None
+
+
+@pytest.mark.parametrize("chunk", [7, 100])
+def test_a_chunked_prefill_writes_what_the_whole_prefill_writes(tiny_lm, chunk):
+    """`Decoding.prefill(chunk)`: a plain cache's left-padded prompts fed a few columns per call (the first chunk
+    holds padding at 7) give the same couplets and count the same prompt tokens; other modes take it whole."""
+    from couplet.generate import Decoding, prepare
+
+    preps = [prepare(tiny_lm, CoupletRequest(p)) for p in ("龙马精神", "春风", "五福临门")]
+    runs = {}
+    for size in (None, chunk):
+        run, calls = Decoding(tiny_lm, preps, "full"), 1
+        while (first := run.prefill(size)) is None:
+            calls += 1
+        while not run.done:
+            last = run.step()
+        runs[size] = (calls, [f.record.computed_tokens for f in first], [(p.upper, p.lower) for p in last])
+    width = max(len(p.prompt) for p in preps)
+    assert runs[None][0] == 1 and runs[chunk][0] == -(-width // chunk)
+    assert runs[chunk][1:] == runs[None][1:] and runs[None][1] == [len(p.prompt) for p in preps]
+    assert Decoding(tiny_lm, preps[:1], "int8").prefill(chunk) is not None  # a compressed store: all at once

@@ -467,7 +467,10 @@ class Engine:
         if last:
             self._finish(wave, None, out)
         elif self._joins(wave.decoding.mode) and (written or any(t.cancelled.is_set() for t in wave.tickets)):
-            self._leave(wave, written, out)
+            try:
+                self._leave(wave, written, out)
+            except Exception as e:  # a batch that could not drop its rows cannot step on: its visitors hear why
+                self._finish(wave, e)
 
     def _joins(self, mode: str) -> bool:
         """Whether this mode's requests join running batches (`continuous`, and a plain cache)."""
@@ -495,11 +498,19 @@ class Engine:
                 held = sum(t.reserved for t in host.tickets + wave.tickets)
                 if self._reserved - held + sum(need) > self.budget:
                     continue
-                host.decoding.join(wave.decoding)
+                try:
+                    host.decoding.join(wave.decoding)
+                except Exception as e:  # a half-done join (out of memory) leaves both batches unusable
+                    failed = e
+                    break
                 host.tickets += wave.tickets
                 self._waves.remove(wave)
                 self._set_reserved(host)
                 return
+            else:
+                return
+        for w in (host, wave):  # outside the lock, as every `_finish`: their visitors hear of it
+            self._finish(w, failed)
 
     def _set_reserved(self, wave: Wave) -> None:
         """A joined batch's reservations, per row (`_join_reserve`); under the lock."""

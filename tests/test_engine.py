@@ -247,3 +247,36 @@ def test_continuous_batching_joins_rows_at_their_own_step_and_they_write_what_th
     assert leaver.finished is not None and leaver.decoded is None  # left before its couplet was written
     # rows joined at different steps: the first row's first character came before the others were admitted
     assert all(first.first_token < t.admitted for t in later)
+
+
+def test_a_failed_join_reaches_both_batches_and_the_engine_serves_on(embedded_lm, monkeypatch) -> None:
+    """Fault injection (a join that runs out of memory half-way cannot be provoked on CPU): both batches'
+    visitors get the error, their reservations come back, and the worker lives on to serve the next visitor."""
+    import threading
+
+    from couplet.generate import Decoding
+
+    def out_of_memory(self, other):
+        raise RuntimeError("CUDA out of memory (injected)")
+
+    step, arrived = Decoding.step, threading.Event()
+
+    def step_after_arrival(self):  # the running batch is still decoding when the newcomer arrives, surely
+        arrived.wait(30)
+        return step(self)
+
+    with Engine(embedded_lm, EngineConfig(kv_budget_mb=64, pool_mb=1)) as engine:
+        monkeypatch.setattr(Decoding, "join", out_of_memory)
+        monkeypatch.setattr(Decoding, "step", step_after_arrival)
+        first = engine.submit(CoupletRequest("龙马精神"), "full")
+        stream = iter(first)
+        next(stream)  # its prefill is done: the next admission round is a later one
+        second = engine.submit(CoupletRequest("春风"), "full")
+        arrived.set()
+        for ticket in (stream, second):
+            with pytest.raises(RuntimeError, match="injected"):
+                list(ticket)
+        monkeypatch.undo()
+        wait_idle(engine)
+        assert engine.stats().reserved_bytes == 0
+        assert list(engine.submit(CoupletRequest("平安"), "full"))[-1].result is not None

@@ -26,7 +26,8 @@ exec > >(tee "$OUT/gpu_check.log") 2>&1
 T0=$SECONDS
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 
-ONLY="${GPU_CHECK_ONLY:-}"  # e.g. "serve,weights": only these steps (keys: golden tests serve 05b steps weights)
+ONLY="${GPU_CHECK_ONLY:-}"  # e.g. "serve,weights": only these steps (keys: golden tests serve 05b steps weights;
+# cb runs only when named)
 # step KEY NAME SECONDS CMD...: runs CMD under a time limit; a failure is reported and the next step still runs
 step() {
   local key=$1 name=$2 limit=$3
@@ -111,6 +112,17 @@ step 05b "random checkpoint at $SHAPE's shape" 25 $PY scripts/random_checkpoint.
 step 05b "serve bench, $SHAPE shape, $DT, $V2 visitors, modes $MODES_05B, default budget, waves of $MB_ROWS" 100 \
   $PY -m couplet.bench serve --model "$CK" --device "$DEVICE" --dtype "$DT" --visitors "$V2" --modes "$MODES_05B" \
   --max-batch "$MB_ROWS" "${WAVE_ARGS[@]}" --json "$OUT/serve_05b.json"
+
+# --- 3b. continuous batching against waves, `full`, Poisson arrivals: only with GPU_CHECK_ONLY=cb (a second run;
+# the default run's 8 minutes are spent). On CPU it cut forwards per step from 1.8-3.2 to 1.0-1.3 (README); on a
+# GPU, where a forward costs about the same for 1 row as for 64, that is the whole saving.
+if [[ ",$ONLY," == *",cb,"* ]]; then
+  for SCHED in --no-continuous --continuous; do
+    step cb "serve bench, embedded model, $DT, full, $V1 visitors at 40/s, 42 MB, $SCHED" 60 \
+      $PY -m couplet.bench serve --device "$DEVICE" --dtype "$DT" --visitors "$V1" --rate 40 --budgets 42 \
+      --modes full "$SCHED" --json "$OUT/serve_cb${SCHED}.json"
+  done
+fi
 
 # --- 4. device memory per mode from the JSONs ------------------------------------------------------------
 step memory "device memory above the weights" 10 $PY - "$OUT" <<'PY'

@@ -478,44 +478,47 @@ class Engine:
 
     def _join_reserve(self, width: int, length: int, rows: Sequence[tuple[int, int]]) -> list[int]:
         """What each row of a joined batch reserves, given every row's next (line, position): it holds the
-        batch's width, which grows by a slot per step, and by one more at each row's line break (the others
-        are padded to it), until it leaves — at most the width now, plus its own remaining steps, plus the line
-        breaks still ahead, whoever leaves meanwhile (a join or a leave recomputes it)."""
-        breaks = sum(line == 0 for line, _ in rows)
+        batch's width, which grows by a slot per step, and by the line break's tokens at each step where some
+        row ends its 上联 (the others are padded to it; rows at one position break together), until it leaves —
+        at most the width now, plus its own remaining steps, plus every line break still ahead, whoever leaves
+        meanwhile (a join recomputes it)."""
+        breaks = len(self.lm.family.line_break) * len({pos for line, pos in rows if line == 0})
         return [(width + 2 * length - (line * length + pos) + breaks) * self.geometry.token_bytes
                 for line, pos in rows]
 
     def _join(self, wave: Wave) -> None:
         """A prefilled wave joins the running batch of its mode and line length whose joined reservation fits
-        (the largest), or runs on as a batch of its own."""
+        (the largest), or runs on as a batch of its own. Only the worker changes waves and reservations, so the
+        tensors are joined outside the lock; the tickets and reservations move under it."""
         hosts = sorted((w for w in self._waves if w is not wave and w.started and w.decoding.preps
                         and w.decoding.mode == wave.decoding.mode and w.decoding.length == wave.decoding.length
                         and w.decoding.joinable), key=lambda w: -len(w.tickets))
+        for host in hosts:
+            width = max(host.decoding.width, wave.decoding.width)
+            need = self._join_reserve(width, wave.decoding.length, host.decoding.next + wave.decoding.next)
+            held = sum(t.reserved for t in host.tickets + wave.tickets)
+            if self._reserved - held + sum(need) <= self.budget:
+                break
+        else:
+            return
+        try:
+            host.decoding.join(wave.decoding)
+        except Exception as e:  # a half-done join (out of memory) leaves both batches unusable: both hear of it
+            self._finish(host, e)
+            self._finish(wave, e)
+            return
         with self._lock:
-            for host in hosts:
-                width = max(host.decoding.width, wave.decoding.width)
-                need = self._join_reserve(width, wave.decoding.length, host.decoding.next + wave.decoding.next)
-                held = sum(t.reserved for t in host.tickets + wave.tickets)
-                if self._reserved - held + sum(need) > self.budget:
-                    continue
-                try:
-                    host.decoding.join(wave.decoding)
-                except Exception as e:  # a half-done join (out of memory) leaves both batches unusable
-                    failed = e
-                    break
-                host.tickets += wave.tickets
-                self._waves.remove(wave)
-                self._set_reserved(host)
-                return
-            else:
-                return
-        for w in (host, wave):  # outside the lock, as every `_finish`: their visitors hear of it
-            self._finish(w, failed)
+            host.tickets += wave.tickets
+            self._waves.remove(wave)
+            self._set_reserved(host)
 
-    def _set_reserved(self, wave: Wave) -> None:
-        """A joined batch's reservations, per row (`_join_reserve`); under the lock."""
+    def _set_reserved(self, wave: Wave, lower_only: bool = False) -> None:
+        """A joined batch's reservations, per row (`_join_reserve`); under the lock. `lower_only` (rows left):
+        a row keeps what it reserved if that is less — its batch only narrows when rows leave, and a wave that
+        never joined keeps its own reservation."""
         d = wave.decoding
         for t, need in zip(wave.tickets, self._join_reserve(d.width, d.length, d.next), strict=True):
+            need = min(need, t.reserved) if lower_only else need
             self._reserved += need - t.reserved
             t.reserved = need
             t.peak_reserved = max(t.peak_reserved, need)
@@ -523,10 +526,13 @@ class Engine:
 
     def _leave(self, wave: Wave, written: set[int], out: list[Progress]) -> None:
         """Rows leave a joined batch between steps: those whose couplet is written (to the finisher, for their
-        横批) and those whose visitor left; what they reserved is returned at once."""
+        横批) and those whose visitor left; what they reserved is returned at once. The rows are dropped from
+        the batch first (outside the lock: only the worker changes it), so a failure changes no ticket."""
         gone = sorted(written | {r for r, t in enumerate(wave.tickets) if t.cancelled.is_set()})
-        now = time.perf_counter()
-        handed = []
+        handed = [(wave.decoding.finisher(r), wave.tickets[r], out[r]) for r in gone
+                  if r in written and not wave.tickets[r].cancelled.is_set()]  # bound before the rows go
+        wave.decoding.drop(gone)
+        now, to_finisher = time.perf_counter(), {id(t) for _, t, _ in handed}
         with self._lock:
             for r in gone:
                 t = wave.tickets[r]
@@ -534,15 +540,12 @@ class Engine:
                 t.reserved = t.kv_bytes = 0
                 if r in written:
                     t.decoded = now
-                if r in written and not t.cancelled.is_set():
-                    handed.append((wave.decoding.finisher(r), t, out[r]))
-                else:
+                if id(t) not in to_finisher:
                     t.finished = now
                     t.events.put(None)
             self._finishing += len(handed)
-            wave.decoding.drop(gone)
             wave.tickets = [t for r, t in enumerate(wave.tickets) if r not in set(gone)]
-            self._set_reserved(wave)
+            self._set_reserved(wave, lower_only=True)
         for item in handed:
             self._to_finish.put(item)
 

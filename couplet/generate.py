@@ -200,7 +200,7 @@ class Decoding:
         self.lines = [[p.keywords.text if self.lower_only else "", ""] for p in preps]
         self.records: list[list[StepRecord]] = [[] for _ in preps]
         self.seconds = 0.0
-        self.row_seconds = [0.0] * len(preps)  # each row's share: the calls it took part in
+        self.row_seconds = [0.0] * len(preps)  # per row, the whole time of every call it took part in
         self._prompt: tuple[torch.Tensor, torch.Tensor | None, int] | None = None  # (ids, mask, columns fed)
         self._chunks_fed = [0] * len(preps)  # prompt tokens fed by the prefill's earlier chunks
         self.logits: torch.Tensor | None = None  # (batch, vocab): each row's next-token distribution
@@ -238,12 +238,13 @@ class Decoding:
                 or self.logits is None or other.logits is None:
             raise ValueError("only prefilled full-cache decodings of one mode and line length can join")
         self.session.join(other.session)
-        self.logits = torch.cat([self.logits, other.logits])
+        self.logits, other.logits = torch.cat([self.logits, other.logits]), None
         for name in self._PER_ROW:
             getattr(self, name).extend(getattr(other, name))
 
     def drop(self, rows: Sequence[int]) -> None:
-        """These rows leave the batch (their couplets written; `attach_result` must have run or be given up)."""
+        """These rows leave the batch: their couplets written (their results made by `finisher(r)`, bound
+        before) or given up (a visitor who left)."""
         gone = set(rows)
         keep = [r for r in range(len(self.preps)) if r not in gone]
         self.session.drop(keep)

@@ -391,7 +391,7 @@ def parse_args(argv: list[str]) -> ServeConfig:
                         "wave of their own (0: arrival order only)")
     p.add_argument("--continuous", action=argparse.BooleanOptionalAction, default=ServeConfig.continuous,
                    help="continuous batching for the plain-cache mode (full): prefilled rows join the running "
-                        "batch and leave when written, newcomers are admitted whenever they fit")
+                        "batch and leave when written (admission keeps the --min-wave rule)")
     p.add_argument("--prefill-chunk", type=int, default=ServeConfig.prefill_chunk,
                    help="chunked prefill for the plain-cache mode: prompt columns per forward (0: all at once)")
     p.add_argument("--seed", type=int, default=0)

@@ -280,3 +280,28 @@ def test_a_failed_join_reaches_both_batches_and_the_engine_serves_on(embedded_lm
         wait_idle(engine)
         assert engine.stats().reserved_bytes == 0
         assert list(engine.submit(CoupletRequest("平安"), "full"))[-1].result is not None
+
+
+def test_a_visitor_leaving_a_wave_that_fills_the_budget_never_raises_what_the_others_reserve(embedded_lm) -> None:
+    """A wave of 24 that fills the budget to the byte; one visitor leaves after the prefill and is dropped from
+    the batch. The rows left are recounted (their line breaks fall at one step: one extra slot, not one per
+    row) and keep at most what they reserved, so the total never passes the budget; they write the couplet
+    they write alone."""
+    prep = prepare(embedded_lm, CoupletRequest("吉祥如意"))
+    probe = Engine(embedded_lm, EngineConfig(kv_budget_mb=64, pool_mb=1))
+    one = probe.submit(CoupletRequest("吉祥如意"), "full", prep=prep)
+    list(one)
+    probe.close()
+    rows = 24
+    budget_mb = 1 + (rows * one.reserve_prefill + 8) / 2**20  # its prefills, and 8 bytes to spare
+    with Engine(embedded_lm, EngineConfig(kv_budget_mb=budget_mb, pool_mb=1)) as engine:
+        tickets = [engine.submit(CoupletRequest("吉祥如意"), "full", prep=prep) for _ in range(rows)]
+        streams = [iter(t) for t in tickets]
+        next(streams[0])
+        tickets[0].cancel()
+        results = [list(s)[-1].result for s in streams[1:]]
+        wait_idle(engine)
+        st = engine.stats()
+    assert st.peak_in_flight == rows and st.peak_reserved_bytes <= engine.budget and st.reserved_bytes == 0
+    alone = generate(embedded_lm, CoupletRequest("吉祥如意"), "full")
+    assert all((r.upper, r.lower) == (alone.upper, alone.lower) for r in results)

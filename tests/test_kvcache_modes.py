@@ -324,6 +324,7 @@ def test_rows_join_a_running_full_batch_at_their_own_step_and_leave_it(tiny_caus
     first = new.forward(ids, attention_mask=mask)[:, -1]
     old.join(new)
     assert old.batch == 3 and old.cache.get_seq_length() == len(prompts[0]) + 3  # the pair left-padded to it
+    assert all(layer.keys is None for layer in new.cache.layers)  # the spent cache holds no second copy
     last = torch.cat([last, first])  # each row's next-token distribution
     steps = [3, 0, 0]  # each row's step
     for step in range(4):
@@ -338,3 +339,15 @@ def test_rows_join_a_running_full_batch_at_their_own_step_and_leave_it(tiny_caus
             last = last[1:]
             assert old.batch == 2 and old.cache.get_seq_length() == width + 2
     old.close()
+
+
+def test_a_sliding_window_cache_does_not_join() -> None:
+    """A model with sliding-window layers (transformers' DynamicSlidingWindowLayer keeps its own width and
+    counters): its full cache is not joinable, so the engine runs its waves side by side."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=TINY_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         use_sliding_window=True, sliding_window=4, max_window_layers=0)
+    session = make_mode("full").new_session(Qwen2ForCausalLM(config).eval())
+    assert session.cache.sliding and not session.joinable

@@ -332,6 +332,17 @@ class FullCache(DynamicCache):
                                       for a, b in ((k, ok), (v, ov)))
         return width
 
+    @property
+    def sliding(self) -> bool:
+        """Whether any layer is a sliding window (its own width and counters: no join)."""
+        return any(getattr(layer, "is_sliding", False) for layer in self.layers)
+
+    def release(self) -> None:
+        """Drop every layer's tensors (a cache whose rows joined another)."""
+        for layer in self._dense():
+            layer.keys = layer.values = None
+            layer.is_initialized = False
+
     def keep_rows(self, rows: torch.Tensor, trim: int) -> None:
         """Keep these rows (indices), without their first `trim` slots."""
         for layer in self._dense():

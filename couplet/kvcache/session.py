@@ -136,7 +136,7 @@ class ModeSession:
         references with their cascade prefix) would need a join of its own per store — not built, see the
         README's engine section."""
         return (isinstance(self.cache, FullCache) and self.retention is None and self.sharing is None
-                and self.encoder is None)
+                and self.encoder is None and not self.cache.sliding)
 
     def join(self, other: ModeSession) -> None:
         """Append `other`'s rows to this batch (continuous batching), both sessions past their prefill; `other`
@@ -149,6 +149,7 @@ class ModeSession:
         for row in self.rows + other.rows:
             row.valid[:0] = [False] * (width - len(row.valid))
         self.rows += other.rows
+        other.cache.release()  # its rows live on in this batch: no second copy until the spent wave is gone
         other.rows, other._closed = [], True
 
     def drop(self, keep: Sequence[int]) -> None:

@@ -99,7 +99,7 @@ class EngineConfig:
     # batch of its mode and line length (`Decoding.join`: left-padded to one width), each row decoding on at
     # its own step and leaving when its couplet is written. Admission keeps the `min_wave` rule: joining in
     # groups stalls the batch for fewer prefills (min_wave=1: each newcomer joins as soon as it fits; on CPU,
-    # 200 visitors at 12/s and 42 MB: 151 tok/s and TPOT p50 138 ms, against 155 and 100 with the rule).
+    # 200 visitors at 12/s and 42 MB: 147 tok/s and TPOT p50 144 ms, against 154 and 101 with the rule).
     # False: waves only. Measured against waves in the README (serving engine).
     continuous: bool = True
     # Chunked prefill for the plain cache (Sarathi-Serve, vLLM's chunked prefill, one chunk per round): a new

@@ -211,7 +211,7 @@ class Engine:
         if (refusal := self.lm.family.mode_refusal(mode)) is not None:
             raise ValueError(refusal)
         prep = prep or prepare(self.lm, request, prompt, voice)
-        total = len(prep.prompt) + 2 * prep.length
+        total = self._whole_length(prep)
         shared = self._shared_prefix(prep.context.house)
         prefill, decode = make_mode(mode).compose().owned_peak_bytes(len(prep.prompt), total, self.geometry,
                                                                      shared_prefix=shared)
@@ -410,7 +410,7 @@ class Engine:
         parts = make_mode(head.mode).compose()
         assert parts.sharing is not None
         prompt = head.prep.prompt
-        total = len(prompt) + 2 * head.prep.length
+        total = self._whole_length(head.prep)
         prefill, decode = parts.owned_peak_bytes(len(prompt), total, self.geometry, leased=True)
         per_row = max(prefill, decode)
         # the blocks are computed once for the wave, in a scratch cache at full precision: shared by its rows
@@ -466,15 +466,17 @@ class Engine:
                 return
         if last:
             self._finish(wave, None, out)
-        elif self._joins(wave.decoding.mode) and (written or any(t.cancelled.is_set() for t in wave.tickets)):
+        elif self.config.continuous and wave.decoding.joinable \
+                and (written or any(t.cancelled.is_set() for t in wave.tickets)):
             try:
                 self._leave(wave, written, out)
             except Exception as e:  # a batch that could not drop its rows cannot step on: its visitors hear why
                 self._finish(wave, e)
 
-    def _joins(self, mode: str) -> bool:
-        """Whether this mode's requests join running batches (`continuous`, and a plain cache)."""
-        return self.config.continuous and make_mode(mode).compose().plain and not self.lm.family.encoder_decoder
+    def _whole_length(self, prep: Prepared) -> int:
+        """The tokens a request's cache holds at its end: its prompt, both lines and the line break (the last
+        character is never fed; a break of several tokens, as the chat families', counts whole)."""
+        return len(prep.prompt) + 2 * prep.length + len(self.lm.family.line_break) - 1
 
     def _join_reserve(self, width: int, length: int, rows: Sequence[tuple[int, int]]) -> list[int]:
         """What each row of a joined batch reserves, given every row's next (line, position): it holds the

@@ -305,3 +305,55 @@ def test_a_visitor_leaving_a_wave_that_fills_the_budget_never_raises_what_the_ot
     assert st.peak_in_flight == rows and st.peak_reserved_bytes <= engine.budget and st.reserved_bytes == 0
     alone = generate(embedded_lm, CoupletRequest("吉祥如意"), "full")
     assert all((r.upper, r.lower) == (alone.upper, alone.lower) for r in results)
+
+
+def test_a_visitor_leaving_a_sliding_window_models_wave_leaves_the_others_writing(tmp_path, monkeypatch) -> None:
+    """A model with sliding-window layers (its cache cannot join or drop rows): continuous batching leaves its
+    waves as waves, so a visitor who leaves a wave of two mid-way is skipped, as in any wave, and the other
+    still gets its couplet (not the error of a drop the cache cannot do)."""
+    import threading
+    from collections import Counter
+
+    from tiny_model import TINY_CHARS
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from couplet.generate import Decoding
+    from couplet.model import load_model
+    from couplet.phrases import HENGPI_PHRASES
+    from couplet.tokenizer import build_tokenizer
+
+    tok = build_tokenizer(Counter({c: 100 - i for i, c in enumerate(TINY_CHARS)}), vocab_size=len(TINY_CHARS) + 8,
+                          must_include=HENGPI_PHRASES)
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=len(tok.get_vocab()), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                         use_sliding_window=True, sliding_window=64, max_window_layers=0)
+    Qwen2ForCausalLM(config).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    lm = load_model(str(tmp_path), device="cpu", dtype="float32")
+    preps = {p: prepare(lm, CoupletRequest(p)) for p in ("春风", "明月", "山水")}
+    # The tiny model writes a couplet in milliseconds: gates hold the real methods until the test has acted.
+    prefill, step, ready, left = Decoding.prefill, Decoding.step, threading.Event(), threading.Event()
+
+    def prefill_when_ready(self, chunk=None):
+        ready.wait(30)
+        return prefill(self, chunk)
+
+    def step_after_leaving(self):
+        if any(p is preps["明月"] for p in self.preps):
+            left.wait(30)
+        return step(self)
+
+    monkeypatch.setattr(Decoding, "prefill", prefill_when_ready)
+    monkeypatch.setattr(Decoding, "step", step_after_leaving)
+    with Engine(lm, EngineConfig(kv_budget_mb=64, pool_mb=1)) as engine:
+        first = engine.submit(CoupletRequest("春风"), "full", prep=preps["春风"])  # a wave of its own
+        leaver, stayer = (engine.submit(CoupletRequest(p), "full", prep=preps[p]) for p in ("明月", "山水"))
+        ready.set()  # the two arrived together: one wave of two
+        next(iter(leaver))
+        leaver.cancel()
+        left.set()
+        results = [list(t)[-1].result for t in (first, stayer)]
+        wait_idle(engine)
+        assert engine.stats().reserved_bytes == 0
+    assert all(r is not None and len(r.upper) == 7 for r in results)

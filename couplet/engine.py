@@ -531,25 +531,37 @@ class Engine:
         横批) and those whose visitor left; what they reserved is returned at once. The rows are dropped from
         the batch first (outside the lock: only the worker changes it), so a failure changes no ticket."""
         gone = sorted(written | {r for r, t in enumerate(wave.tickets) if t.cancelled.is_set()})
-        handed = [(wave.decoding.finisher(r), wave.tickets[r], out[r]) for r in gone
-                  if r in written and not wave.tickets[r].cancelled.is_set()]  # bound before the rows go
+        makers = {r: wave.decoding.finisher(r) for r in written}  # bound before the rows go
         wave.decoding.drop(gone)
-        now, to_finisher = time.perf_counter(), {id(t) for _, t, _ in handed}
         with self._lock:
-            for r in gone:
-                t = wave.tickets[r]
-                self._reserved -= t.reserved
-                t.reserved = t.kv_bytes = 0
-                if r in written:
-                    t.decoded = now
-                if id(t) not in to_finisher:
-                    t.finished = now
-                    t.events.put(None)
-            self._finishing += len(handed)
+            handed = self._end_rows(wave, gone, makers, out, None)
             wave.tickets = [t for r, t in enumerate(wave.tickets) if r not in set(gone)]
             self._set_reserved(wave, lower_only=True)
         for item in handed:
             self._to_finish.put(item)
+
+    def _end_rows(self, wave: Wave, rows: Sequence[int], makers: Mapping[int, Callable[[Progress], None]],
+                  out: Sequence[Progress] | None, error: BaseException | None
+                  ) -> list[tuple[Callable[[Progress], None], Ticket, Progress]]:
+        """Under the lock: these rows' reservations returned; a row whose couplet is written (`makers`: its
+        result maker) and still wanted is handed to the finisher (returned, to be queued outside the lock);
+        every other ticket ends here, with `error`."""
+        now = time.perf_counter()
+        handed = []
+        for r in rows:
+            t = wave.tickets[r]
+            self._reserved -= t.reserved
+            t.reserved = t.kv_bytes = 0
+            if r in makers:
+                t.decoded = now
+                if not t.cancelled.is_set():
+                    assert out is not None
+                    handed.append((makers[r], t, out[r]))
+                    continue
+            t.finished = now
+            t.events.put(error)
+        self._finishing += len(handed)
+        return handed
 
     def _finish(self, wave: Wave, error: BaseException | None, last: list[Progress] | None = None) -> None:
         """The wave is over: its cache closed, its reservation returned. With `last` (it wrote its couplets) the
@@ -558,21 +570,12 @@ class Engine:
         if wave.lease is not None:  # ended before its prefill
             self.pool.end_lease(wave.lease)
             wave.lease = None
-        now = time.perf_counter()
-        handed: list[tuple[Callable[[Progress], None], Ticket, Progress]] = []
+        rows = range(len(wave.tickets))
+        # its couplets written (a failed or abandoned wave wrote none)
+        makers = {} if last is None else {r: wave.decoding.finisher(r) for r in rows}
         with self._lock:
             self._waves.remove(wave)
-            for r, t in enumerate(wave.tickets):
-                self._reserved -= t.reserved
-                t.reserved = t.kv_bytes = 0
-                if last is not None:  # its couplet written (a failed or abandoned wave wrote none)
-                    t.decoded = now
-                    if not t.cancelled.is_set():
-                        handed.append((wave.decoding.finisher(r), t, last[r]))
-                        continue
-                t.finished = now
-                t.events.put(error)
-            self._finishing += len(handed)
+            handed = self._end_rows(wave, rows, makers, last, error)
         for item in handed:
             self._to_finish.put(item)
 

@@ -271,13 +271,7 @@ class Decoding:
                 self.session.expect([len(p.prompt) + fed for p in self.preps])
                 if self.encoder_decoder:
                     self._encode()
-                width = max(len(p.prompt) for p in self.preps)
-                rows = [[self.lm.family.pad] * (width - len(p.prompt)) + p.prompt for p in self.preps]
-                padding = None
-                if any(len(p.prompt) < width for p in self.preps):
-                    padding = torch.tensor([[0] * (width - len(p.prompt)) + [1] * len(p.prompt) for p in self.preps],
-                                           device=self.lm.device)
-                self._prompt = (torch.tensor(rows, device=self.lm.device), padding, 0)
+                self._prompt = (*left_padded([p.prompt for p in self.preps], self.lm.family.pad, self.lm.device), 0)
             ids, mask, at = self._prompt
             end = ids.shape[1] if chunk is None or not self.joinable else min(ids.shape[1], at + chunk)
             out = self.session.forward(ids[:, at:end], attention_mask=None if mask is None else mask[:, at:end],
@@ -341,11 +335,7 @@ class Decoding:
                 # the line break (<mid>, or the family's) rides along with the last 上联 character
                 feed = [lm.char_ids(c) + (list(lm.family.line_break) if (line, pos) == (0, length - 1) else [])
                         if nxt[0] <= 1 else [] for c, (line, pos), nxt in zip(chars, before, self._next, strict=True)]
-                width = max(len(f) for f in feed)
-                mask = None
-                if any(len(f) < width for f in feed):  # a joined batch: rows at different steps
-                    mask = torch.tensor([[0] * (width - len(f)) + [1] * len(f) for f in feed], device=lm.device)
-                ids = torch.tensor([[lm.family.pad] * (width - len(f)) + f for f in feed], device=lm.device)
+                ids, mask = left_padded(feed, lm.family.pad, lm.device)  # a mask in a joined batch only
                 self.logits = self.session.forward(ids, attention_mask=mask, logits_to_keep=1)[:, -1]
             out = self._progress(steps, chars, t0, logprob)
         if self.done and self.finish_inline:
@@ -389,6 +379,17 @@ class Decoding:
             self.records[r].append(rec)
             out.append(Progress(self.mode, self.lines[r][0], self.lines[r][1], rec, logprob=logprob))
         return out
+
+
+def left_padded(rows: Sequence[Sequence[int]], pad: int, device: str | torch.device
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token-id rows left-padded to the longest: ids (batch, width), and the attention mask (1 real, 0 padding),
+    None when no row is padded."""
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[pad] * (width - len(r)) + list(r) for r in rows], device=device)
+    if all(len(r) == width for r in rows):
+        return ids, None
+    return ids, torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
 
 
 def finish(lm: LoadedModel, prep: Prepared, mode: str, upper: str, lower: str,

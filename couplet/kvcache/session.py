@@ -135,8 +135,8 @@ class ModeSession:
         compressed layout (quantized groups with their residual, retention scores and merged slots, pool block
         references with their cascade prefix) would need a join of its own per store — not built, see the
         README's engine section."""
-        return (isinstance(self.cache, FullCache) and self.retention is None and self.sharing is None
-                and self.encoder is None and not self.cache.sliding)
+        # `build_session` makes a FullCache for a plain composition only (`Composition.plain`)
+        return isinstance(self.cache, FullCache) and self.encoder is None and not self.cache.sliding
 
     def join(self, other: ModeSession) -> None:
         """Append `other`'s rows to this batch (continuous batching), both sessions past their prefill; `other`

@@ -4,6 +4,7 @@ against `full` on the same greedy decode.
     python -m couplet.evaluate --keywords assets/dev_keywords.txt --json /tmp/eval.json
     python -m couplet.evaluate --keywords assets/dev_keywords.txt --modes all --sweep --plot /tmp/sweep.html
     python -m couplet.evaluate --keywords FILE --modes full,window,selective,snapkv --sweep --sweep-values 0.5,0.75
+    python -m couplet.evaluate --keywords FILE --modes full,int8 --dtype float32 --floor-dtype bfloat16
     python -m couplet.evaluate --keywords FILE --pairs heldout.tsv     # adds the NLLs and the 对下联 figures
     python -m couplet.evaluate --keywords FILE --pairs heldout.tsv --steer   # does the house prefix steer?
     python -m couplet.evaluate --keywords FILE --somber 0 --auspicious 0 --no-taboo-ban   # the voice off
@@ -13,6 +14,10 @@ shares of the greedy couplets, counted on the characters the model chose (keywor
 in `couplet.lexicon`, reported under `lexicon`.
 
 Ratios are against `full` at the same dtype; the dtype (bfloat16 by default, as on a GPU) is recorded.
+Besides whole-couplet identity, each mode reports `step_agreement`: teacher-forced along `full`'s couplet,
+the share of free choices at which its cache would pick `full`'s character (one early flip no longer
+counts every later one), and of the choices it flips, how many `full` made by a near tie (< 0.1 nats).
+`--floor-dtype` measures the same for rounding alone.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ class EvalConfig:
     prompt: PromptConfig = DEFAULT_PROMPT
     steer: bool = False
     duixia: int = 500  # held-out 上联 for the 对下联 figures (with --pairs)
+    floor_dtype: str | None = None  # also `full` at this dtype against `full` at `dtype`: the rounding floor
 
 
 def read_lines(path: str) -> list[str]:
@@ -67,13 +73,45 @@ def read_lines(path: str) -> list[str]:
         return [s for s in (line.strip() for line in f) if s and not s.startswith("#")]
 
 
-def followed_nll(lm: LoadedModel, cfg: EvalConfig, request: CoupletRequest, mode: str, pool: PrefixPool,
-                 upper: str, lower: str, options: dict[str, Any]) -> float:
-    """Mean NLL per character of (upper, lower) teacher-forced through `mode`'s cache."""
+NEAR_TIE = 0.1  # nats: a greedy choice `full` made by less than this is a near tie (bf16 rounding flips them)
+
+
+@dataclass
+class Followed:
+    """(upper, lower) teacher-forced through one mode's cache."""
+
+    nll: float  # mean NLL per character
+    # per free choice (keywords aside): did this cache's greedy pick, given the followed history, equal the
+    # followed character; and the margin of that pick over its runner-up (nats)
+    agrees: list[bool]
+    margins: list[float]
+
+
+def follow(lm: LoadedModel, cfg: EvalConfig, request: CoupletRequest, mode: str, pool: PrefixPool,
+           upper: str, lower: str, options: dict[str, Any]) -> Followed:
+    """Teacher-force (upper, lower) through `mode`'s cache: its NLL and, at every free choice, its decision."""
     prep = prepare(lm, request, cfg.prompt, cfg.voice)
-    logps = [p.logprob for p in decode(lm, prep, mode, pool, follow=(upper, lower), **options)
-             if p.logprob is not None]
-    return -sum(logps) / len(logps)
+    logps, agrees, margins = [], [], []
+    for p in decode(lm, prep, mode, pool, follow=(upper, lower), **options):
+        if p.logprob is not None:
+            logps.append(p.logprob)
+        if p.decision is not None:
+            agrees.append(p.decision[0] == p.record.token)
+            margins.append(p.decision[1])
+    return Followed(-sum(logps) / len(logps), agrees, margins)
+
+
+def agreement_report(mine: list[Followed], full: list[Followed]) -> dict[str, Any]:
+    """How often a mode, given `full`'s couplet so far, would pick `full`'s next character (per free choice, so
+    one early flip does not count every later character), and how close `full` itself was where it would not:
+    `flips_near_tie` is the share of those flips at which `full`'s pick led its runner-up by < NEAR_TIE nats."""
+    flips = [ref for m, f in zip(mine, full, strict=True) for ok, ref in zip(m.agrees, f.margins, strict=True)
+             if not ok]
+    choices = sum(len(m.agrees) for m in mine)
+    return {"step_agreement": 1.0 - len(flips) / choices if choices else 1.0,
+            "flips": len(flips),
+            "flips_near_tie": _mean(ref < NEAR_TIE for ref in flips) if flips else None,
+            "flip_margin_median": statistics.median(flips) if flips else None}
 
 
 def chosen_text(r: CoupletResult) -> str:
@@ -212,9 +250,10 @@ def base_report(lm: LoadedModel, cfg: EvalConfig, phrases: list[str], pool: Pref
 
 
 def mode_report(lm: LoadedModel, cfg: EvalConfig, mode: str, options: dict[str, Any], full: dict[str, CoupletResult],
-                full_nll: dict[str, float], pool: PrefixPool) -> dict[str, Any]:
-    """One mode against `full` on the same phrases: bytes, identical rate, NLL delta, rules, time."""
-    peaks, identical, deltas, passed, par, seconds = [], [], [], [], [], []
+                full_followed: dict[str, Followed], pool: PrefixPool) -> dict[str, Any]:
+    """One mode against `full` on the same phrases: bytes, identical rate, NLL delta, step agreement, rules,
+    time."""
+    peaks, identical, deltas, passed, par, seconds, followed = [], [], [], [], [], [], []
     for phrase, ref in full.items():
         request = CoupletRequest(phrase, cfg.length)
         t0 = time.perf_counter()
@@ -224,7 +263,8 @@ def mode_report(lm: LoadedModel, cfg: EvalConfig, mode: str, options: dict[str, 
         identical.append((r.upper, r.lower) == (ref.upper, ref.lower))
         passed.append(r.checks["passed"])
         par.append(r.checks["parallelism"]["score"])
-        deltas.append(followed_nll(lm, cfg, request, mode, pool, ref.upper, ref.lower, options) - full_nll[phrase])
+        followed.append(follow(lm, cfg, request, mode, pool, ref.upper, ref.lower, options))
+        deltas.append(followed[-1].nll - full_followed[phrase].nll)
     full_peak = statistics.fmean(f.peak_bytes for f in full.values())
     return {
         "options": options,
@@ -232,6 +272,7 @@ def mode_report(lm: LoadedModel, cfg: EvalConfig, mode: str, options: dict[str, 
         "kv_ratio": statistics.fmean(peaks) / full_peak,
         "identical_rate": _mean(identical),
         "nll_delta": statistics.fmean(deltas),
+        **agreement_report(followed, list(full_followed.values())),
         "rule_pass_rate": _mean(passed),
         "parallelism": _mean(par),
         "seconds_per_couplet": _mean(seconds),
@@ -286,13 +327,18 @@ def main(cfg: EvalConfig) -> dict[str, Any]:
         report["sharing"] = sharing_report(lm, cfg, list(full))  # the phrases that are valid input
         print(f"sharing: {json.dumps(report['sharing'])}", file=sys.stderr)
     compared = [m for m in modes if m != "full"]
-    if compared or cfg.sweep:
-        full_nll = {p: followed_nll(lm, cfg, CoupletRequest(p, cfg.length), "full", pool, r.upper, r.lower, {})
-                    for p, r in full.items()}
-        report["modes"] = {"full": mode_report(lm, cfg, "full", {}, full, full_nll, pool)}
+    if compared or cfg.sweep or cfg.floor_dtype:
+        full_followed = {p: follow(lm, cfg, CoupletRequest(p, cfg.length), "full", pool, r.upper, r.lower, {})
+                         for p, r in full.items()}
+        report["modes"] = {"full": mode_report(lm, cfg, "full", {}, full, full_followed, pool)}
         for mode in compared:
-            report["modes"][mode] = mode_report(lm, cfg, mode, settings.get(mode, {}), full, full_nll, pool)
+            report["modes"][mode] = mode_report(lm, cfg, mode, settings.get(mode, {}), full, full_followed, pool)
             print(f"{mode}: {json.dumps(report['modes'][mode])}", file=sys.stderr)
+        if cfg.floor_dtype:  # what rounding alone changes: the yardstick for a lossy mode's figures
+            other = load_model(cfg.model, cfg.device, cfg.floor_dtype, cfg.weights)
+            report["floor"] = {"dtype": cfg.floor_dtype,
+                               **mode_report(other, cfg, "full", {}, full, full_followed, PrefixPool())}
+            print(f"floor: {json.dumps(report['floor'])}", file=sys.stderr)
         if cfg.sweep:
             sweeps: dict[str, list[dict]] = {}
             for mode in modes:
@@ -304,10 +350,11 @@ def main(cfg: EvalConfig) -> dict[str, Any]:
                 sweeps[mode] = []
                 for value in values:
                     opts = {**settings.get(mode, {}), knob: value}
-                    point = mode_report(lm, cfg, mode, opts, full, full_nll, pool)
+                    point = mode_report(lm, cfg, mode, opts, full, full_followed, pool)
                     sweeps[mode].append({"knob": knob, "value": value, **point})
                     print(f"sweep {mode} {knob}={value}: ratio {point['kv_ratio']:.3f} "
-                          f"identical {point['identical_rate']:.3f} parallelism {point['parallelism']:.3f}",
+                          f"identical {point['identical_rate']:.3f} step agreement {point['step_agreement']:.3f} "
+                          f"parallelism {point['parallelism']:.3f}",
                           file=sys.stderr)
             report["sweeps"] = sweeps
             if cfg.plot:
@@ -345,6 +392,8 @@ def parse_args(argv: list[str] | None = None) -> EvalConfig:
     p.add_argument("-k", dest="k", type=int, default=DEFAULT_PROMPT.k, help="exemplars in the prompt (0: none)")
     p.add_argument("--steer", action="store_true", help="festive house prefix vs random corpus couplets (--pairs)")
     p.add_argument("--duixia", type=int, default=500, help="held-out 上联 for 对下联 (with --pairs; 0: skip)")
+    p.add_argument("--floor-dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                   help="also run full at this dtype against full at --dtype (the rounding floor)")
     args = vars(p.parse_args(argv))
     args["modes"] = [m.strip() for m in args["modes"].split(",") if m.strip()]  # checked by parse_modes in main
     args["voice"] = VoiceConfig(args.pop("ban_taboo"), args.pop("somber"), args.pop("auspicious"),

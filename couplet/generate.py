@@ -122,6 +122,9 @@ class Progress:
     record: StepRecord
     result: CoupletResult | None = None  # set on the last step
     logprob: float | None = None  # teacher-forced runs only: log p(followed character)
+    # teacher-forced runs, at a free choice (not a keyword): the character this cache would have picked
+    # greedily given the followed history, and its margin over the runner-up (nats; `evaluate`'s agreement)
+    decision: tuple[str, float] | None = None
 
 
 def step_noise(seed: int, step: int, vocab_size: int) -> torch.Tensor:
@@ -131,13 +134,24 @@ def step_noise(seed: int, step: int, vocab_size: int) -> torch.Tensor:
     return -torch.log(-torch.log(uniform))
 
 
-def sample(logits: torch.Tensor, allowed: torch.Tensor, request: CoupletRequest, step: int,
-           bias: torch.Tensor | None = None) -> int:
-    """Pick one token id from (vocab,) logits plus the voice `bias`, restricted to `allowed` (bool, vocab)."""
+def decision_scores(logits: torch.Tensor, allowed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """What a character is chosen by: (vocab,) logits plus the voice `bias`, -inf outside `allowed` (bool)."""
     scores = logits.float().cpu()
     if bias is not None:
         scores = scores + bias
-    scores = scores.masked_fill(~allowed, float("-inf"))
+    return scores.masked_fill(~allowed, float("-inf"))
+
+
+def greedy_decision(scores: torch.Tensor) -> tuple[int, float]:
+    """The greedy pick among `decision_scores` and its margin over the runner-up (inf when it is the only one)."""
+    top = scores.topk(2)
+    return int(top.indices[0]), float(top.values[0] - top.values[1])
+
+
+def sample(logits: torch.Tensor, allowed: torch.Tensor, request: CoupletRequest, step: int,
+           bias: torch.Tensor | None = None) -> int:
+    """Pick one token id from (vocab,) logits plus the voice `bias`, restricted to `allowed` (bool, vocab)."""
+    scores = decision_scores(logits, allowed, bias)
     if request.temperature == 0.0:
         return int(scores.argmax())
     scores = scores / request.temperature
@@ -164,7 +178,8 @@ class Decoding:
     results (with `finish_inline=False`, once the caller's `attach_result` has run). `seconds` is this
     decoding's own compute time, whatever runs between its calls (other modes interleaved, a UI redraw).
     With `follow=(upper, lower)` (one row) the loop is teacher-forced along that couplet instead of choosing,
-    and each Progress carries the model's log-probability of the followed character (for NLL deltas). Runs
+    and each Progress carries the model's log-probability of the followed character (for NLL deltas) and, at a
+    free choice, the greedy pick this cache would have made there and its margin (`Progress.decision`). Runs
     under `torch.inference_mode()` per call, never across calls. A row's couplet does not depend on the others
     in its batch (padding is masked; tested against running alone). A prefilled plain-cache decoding can take
     in another's rows (`join`, the engine's continuous batching): they decode on at their own steps, and a
@@ -306,7 +321,7 @@ class Decoding:
         length, lm = self.length, self.lm
         with torch.inference_mode():
             assert self.logits is not None, "prefill() first"
-            chars, steps, logprob = [], [], None
+            chars, steps, logprob, decision = [], [], None, None
             for r, prep in enumerate(self.preps):
                 line, pos = self._next[r]
                 if line > 1:
@@ -314,6 +329,11 @@ class Decoding:
                 step = line * length + pos + 1
                 char = self.constraints[r].fixed(line, pos)
                 if self.follow is not None:
+                    if char is None:  # a free choice: what this cache would have picked here, by how much
+                        pick, margin = greedy_decision(decision_scores(
+                            self.logits[r], self.constraints[r].allowed(line, pos, self.lines[r]),
+                            self.constraints[r].bias_at(line, pos, self.lines[r])))
+                        decision = (lm.id_to_char[pick], margin)
                     char = self.follow[line][pos]
                     token = lm.vocab.get(char, lm.family.unk)
                     logprob = float(torch.log_softmax(self.logits[r].float(), dim=-1)[token])
@@ -337,7 +357,7 @@ class Decoding:
                         if nxt[0] <= 1 else [] for c, (line, pos), nxt in zip(chars, before, self._next, strict=True)]
                 ids, mask = left_padded(feed, lm.family.pad, lm.device)  # a mask in a joined batch only
                 self.logits = self.session.forward(ids, attention_mask=mask, logits_to_keep=1)[:, -1]
-            out = self._progress(steps, chars, t0, logprob)
+            out = self._progress(steps, chars, t0, logprob, decision)
         if self.done and self.finish_inline:
             for r, progress in enumerate(out):
                 self.attach_result(r, progress)
@@ -362,8 +382,8 @@ class Decoding:
 
         return attach
 
-    def _progress(self, steps: int | list[int], chars: list[str], t0: float,
-                  logprob: float | None = None) -> list[Progress]:
+    def _progress(self, steps: int | list[int], chars: list[str], t0: float, logprob: float | None = None,
+                  decision: tuple[str, float] | None = None) -> list[Progress]:
         alloc, peak = _device_memory(self.lm.device)
         seconds = time.perf_counter() - t0
         self.seconds += seconds
@@ -377,7 +397,8 @@ class Decoding:
             rec = StepRecord(self.mode, step, chars[r], s.logical_length, s.stored_tokens, s.kv_bytes,
                              s.shared_bytes, s.full_equivalent_bytes, alloc, peak, seconds, computed)
             self.records[r].append(rec)
-            out.append(Progress(self.mode, self.lines[r][0], self.lines[r][1], rec, logprob=logprob))
+            out.append(Progress(self.mode, self.lines[r][0], self.lines[r][1], rec, logprob=logprob,
+                                decision=decision))
         return out
 
 

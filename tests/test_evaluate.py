@@ -32,18 +32,25 @@ def test_base_report_has_the_documented_keys(tiny_checkpoint, keyword_file, tmp_
 
 def test_modes_report_against_full(tiny_checkpoint, keyword_file, tmp_path):
     cfg = parse_args(["--keywords", str(keyword_file), "--modes", "all", "--model", str(tiny_checkpoint),
-                      "--seeds", "1", "--dtype", "bfloat16"])
+                      "--seeds", "1", "--dtype", "bfloat16", "--floor-dtype", "float32"])
     report = main(cfg)
     assert report["dtype"] == "bfloat16" and set(report["modes"]) == set(MODES)
+    floor = report["floor"]  # full at float32 against full at bfloat16: twice the bytes, rounding's flips
+    assert floor["dtype"] == "float32" and floor["kv_ratio"] == pytest.approx(2.0)
+    assert (floor["identical_rate"] == 1.0) == (floor["flips"] == 0) and 0.0 <= floor["step_agreement"] <= 1.0
     full = report["modes"]["full"]
     assert full["kv_ratio"] == 1.0 and full["identical_rate"] == 1.0 and full["nll_delta"] == 0.0
+    assert full["step_agreement"] == 1.0 and full["flips"] == 0 and full["flips_near_tie"] is None
     for name, m in report["modes"].items():
         assert {"kv_peak_bytes", "kv_ratio", "identical_rate", "nll_delta", "rule_pass_rate", "parallelism",
                 "seconds_per_couplet"} <= set(m), name
         assert m["rule_pass_rate"] == 1.0
+        assert 0.0 <= m["step_agreement"] <= 1.0
+        # a couplet differs from full's exactly when, following full's, the cache would pick otherwise somewhere
+        assert (m["identical_rate"] == 1.0) == (m["flips"] == 0), name
         # (the registry's byte targets are for the embedded model's geometry; this tiny one has head_dim 16)
         if MODE_INFO[name].lossless:
-            assert m["identical_rate"] == 1.0 and m["kv_ratio"] == 1.0, name
+            assert m["identical_rate"] == 1.0 and m["kv_ratio"] == 1.0 and m["step_agreement"] == 1.0, name
         else:
             assert m["kv_ratio"] < 0.6, name
 
@@ -68,3 +75,28 @@ def test_sweep_writes_a_quality_versus_compression_plot(tiny_checkpoint, keyword
     assert points[0]["kv_ratio"] < points[1]["kv_ratio"]
     html = plot.read_text(encoding="utf-8")
     assert "Quality vs. compression" in html and "window" in html
+
+
+def test_following_a_couplet_reports_the_greedy_decisions(tiny_checkpoint):
+    """Teacher-forced along full's couplet, `full` picks every free character it followed; a cache that evicts
+    most of the prompt picks otherwise somewhere exactly when its own greedy couplet differs from full's."""
+    from couplet.evaluate import follow
+    from couplet.generate import CoupletRequest, generate
+    from couplet.kvcache import PrefixPool
+    from couplet.model import load_model
+
+    lm = load_model(str(tiny_checkpoint), dtype="float32", device="cpu")
+    cfg = EvalConfig("unused", dtype="float32")
+    differ = 0
+    for phrase in ("龙马", "春风", "福", "明月", "山水"):
+        request, pool = CoupletRequest(phrase, 7), PrefixPool()
+        ref = generate(lm, request, "full", pool, cfg.prompt, cfg.voice)
+        own = follow(lm, cfg, request, "full", pool, ref.upper, ref.lower, {})
+        assert own.agrees and all(own.agrees) and all(m >= 0 for m in own.margins)
+        assert len(own.agrees) == len([c for c in ref.upper + ref.lower if c not in phrase])  # keywords are given
+        lossy = generate(lm, request, "window", pool, cfg.prompt, cfg.voice, ratio=0.1)
+        forced = follow(lm, cfg, request, "window", pool, ref.upper, ref.lower, {"ratio": 0.1})
+        same = (lossy.upper, lossy.lower) == (ref.upper, ref.lower)
+        assert same == all(forced.agrees), phrase
+        differ += not same
+    assert differ  # the check above was exercised both ways

@@ -143,9 +143,11 @@ def decision_scores(logits: torch.Tensor, allowed: torch.Tensor, bias: torch.Ten
 
 
 def greedy_decision(scores: torch.Tensor) -> tuple[int, float]:
-    """The greedy pick among `decision_scores` and its margin over the runner-up (inf when it is the only one)."""
-    top = scores.topk(2)
-    return int(top.indices[0]), float(top.values[0] - top.values[1])
+    """The greedy pick among `decision_scores` — argmax, as `sample` takes it: of exactly tied scores (common in
+    bf16) the first, where topk's order is unspecified — and its margin over the runner-up (0 for a tie, inf
+    when it is the only allowed one)."""
+    top = scores.topk(2).values
+    return int(scores.argmax()), float(top[0] - top[1])
 
 
 def sample(logits: torch.Tensor, allowed: torch.Tensor, request: CoupletRequest, step: int,

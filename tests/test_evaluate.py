@@ -100,3 +100,18 @@ def test_following_a_couplet_reports_the_greedy_decisions(tiny_checkpoint):
         assert same == all(forced.agrees), phrase
         differ += not same
     assert differ  # the check above was exercised both ways
+
+
+def test_a_greedy_decision_breaks_exact_ties_as_sampling_does():
+    """bf16 logits tie exactly and often; the teacher-forced pick must be the one greedy decoding takes."""
+    import torch
+
+    from couplet.generate import CoupletRequest, greedy_decision, sample
+
+    logits = torch.tensor([0.0, 2.5, 1.0, 2.5, -1.0])
+    allowed = torch.tensor([True, True, True, True, False])
+    pick, margin = greedy_decision(torch.where(allowed, logits, float("-inf")))
+    assert pick == sample(logits, allowed, CoupletRequest("春", 7, temperature=0.0), step=1) == 1
+    assert margin == 0.0
+    alone = torch.tensor([True, False, False, False, False])
+    assert greedy_decision(torch.where(alone, logits, float("-inf"))) == (0, float("inf"))

@@ -10,6 +10,7 @@ from transformers import DynamicCache
 from couplet.kvcache import MODE_INFO, MODES, PrefixPool, make_mode
 from couplet.kvcache.base import PlainStorage
 from couplet.kvcache.layer import CompressedLayer
+from couplet.kvcache.registry import option_names
 from couplet.kvcache.storage import storage_bytes
 
 torch.set_num_threads(1)
@@ -53,7 +54,8 @@ def kv_heads(model) -> int:
 def held_tensors(session) -> list[torch.Tensor]:
     layers = session.cache.layers
     if isinstance(layers[0], CompressedLayer):
-        return [t for layer in layers for t in layer.store.tensors()]
+        # a retention's merged slots (`merge`): keys, values and biases, held beside the store
+        return [t for layer in layers for t in (*layer.store.tensors(), *(layer.merged or ()))]
     return [t for layer in layers for t in (layer.keys, layer.values)]
 
 
@@ -234,8 +236,10 @@ def test_the_prefill_holds_no_more_than_the_engine_reserves(tiny_causal_lm, mode
 def test_positions_after_eviction_multilayer(tiny_causal_lm, mode: str) -> None:
     """Any depth, per-head kept sets: the next tokens' logits equal those of a plain DynamicCache holding
     exactly the stored keys/values, with the new tokens at their logical positions (two tokens at once, as
-    when the line break rides along with the last 上联 character)."""
-    with make_mode(mode, ratio=0.4).new_session(tiny_causal_lm, pool=PrefixPool()) as session:
+    when the line break rides along with the last 上联 character). Without merged slots: a plain cache holds
+    exactly what is kept (the merged slots' own equivalence is in test_kvcache_merge)."""
+    unmerged = {"merge": False} if "merge" in option_names(mode) else {}
+    with make_mode(mode, ratio=0.4, **unmerged).new_session(tiny_causal_lm, pool=PrefixPool()) as session:
         greedy(session, LONG_PROMPT, 6)
         logical = session.cache.get_seq_length()
         stored = session.cache.stored_length

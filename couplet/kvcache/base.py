@@ -148,7 +148,11 @@ class Composition:
             r = self.retention
             forced = max(r.sinks, prompt if r.keep_prompt else 0) + r.recent
             kept = min(total, max(r.budget(total, total), forced) + 2)
-        return prefill, int(max(kept - pooled, 0) * per_token + residual + 0.999)
+        # `merge`: the merged slots' keys and values take their room from the budget (`keep_counts`); their
+        # biases, one float32 per query head and layer, come on top
+        merged = 4 * geometry.layers * (geometry.q_heads or geometry.kv_heads) \
+            if self.retention is not None and self.retention.merge else 0
+        return prefill, int(max(kept - pooled, 0) * per_token + residual + merged + 0.999)
 
 
 class Policy:

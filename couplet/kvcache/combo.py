@@ -54,7 +54,8 @@ class ComboPolicy(Policy):
         check_choice("bits", self.bits, (8, 4))
         storage = Int8Policy if self.bits == 8 else Int4Policy
         retention = SelectivePolicy(ratio=self.ratio, sinks=self.sinks, recent=self.recent, floor=self.floor,
-                                    decay=self.decay, keep_prompt=True)  # built here: invalid knobs fail now
+                                    decay=self.decay, keep_prompt=True,  # built here: invalid knobs fail now
+                                    merge=False)  # cascade attention over pool blocks has no merged slot
         self._parts = Composition(storage=storage(residual=self.residual, group_size=self.group_size),
                                   retention=None if self.ratio >= 1.0 else retention,
                                   sharing=SharedPolicy(self.block_size))

@@ -38,6 +38,7 @@ class KVGeometry:
     kv_heads: int
     head_dim: int
     dtype_bytes: int
+    q_heads: int = 0  # query heads (0: as many as kv_heads); a merged slot's bias is kept per query head
 
     @property
     def token_bytes(self) -> int:
@@ -51,7 +52,7 @@ class KVGeometry:
         # T5 names the head size d_kv (not always hidden / heads), and the cache is its decoder's
         head_dim = getattr(config, "head_dim", None) or getattr(config, "d_kv", None) or config.hidden_size // heads
         layers = getattr(config, "num_decoder_layers", None) or config.num_hidden_layers
-        return cls(layers, kv_heads, head_dim, next(model.parameters()).element_size())
+        return cls(layers, kv_heads, head_dim, next(model.parameters()).element_size(), heads)
 
 
 def attention_layers(model: Any) -> KVGeometry:

@@ -55,19 +55,22 @@ def recording(rec: Recording | None) -> Iterator[None]:
 
 
 def attention_scores(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, scaling: float,
-                     query_valid: torch.Tensor | None) -> torch.Tensor:
+                     query_valid: torch.Tensor | None, logits: torch.Tensor | None = None) -> torch.Tensor:
     """Attention probabilities summed over real queries, averaged over each KV head's query heads.
 
     query (batch, q_heads, q, head_dim), key (batch, kv_heads, kv_len, head_dim), mask None (causal,
     bottom-right aligned) or (batch, 1, q, kv_len) bool / additive float. Returns (batch, kv_heads, kv_len).
+    logits: `_logits(query, key, mask, scaling)` when the caller has them already (not recomputed).
     """
     b, hq, q, d = query.shape
     hk = key.shape[1]
     groups = hq // hk
-    if q == 1 and mask is None and query_valid is None:  # the decode step: one query sees every slot
+    if logits is None and q == 1 and mask is None and query_valid is None:  # a decode step: one query, every slot
         logits = torch.matmul(query.reshape(b, hk, groups, d).float(), key.float().transpose(-1, -2)) * scaling
         return torch.softmax(logits, dim=-1).mean(2)  # (batch, kv_heads, kv_len)
-    probs = torch.softmax(_logits(query, key, mask, scaling), dim=-1).nan_to_num_(0.0)
+    if logits is None:
+        logits = _logits(query, key, mask, scaling)
+    probs = torch.softmax(logits, dim=-1).nan_to_num_(0.0)
     return _received(probs, query_valid)
 
 
@@ -177,10 +180,14 @@ def recording_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: 
     if merging and layer is not None and layer.merged is not None:  # the evicted tokens' slots (`merge_evicted`)
         key, value, attention_mask = with_merged_slot(query, key, value, attention_mask, layer.merged)
     out = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)[0]
+    last_logits = None  # a decode step's logits, when the recording below would compute the very same ones
     if merging:  # what the next merge weighs by: the last query (scaled) and its logits over every slot
         assert layer is not None
         mask = None if attention_mask is None else attention_mask[:, :, -1:]
-        logits = _logits(query[:, :, -1:], key, mask, float(scaling)).flatten(1, 2)[:, :, 0]  # (b, q_heads, kv)
+        grouped = _logits(query[:, :, -1:], key, mask, float(scaling))  # (b, kv_heads, groups, 1, kv)
+        if query.shape[2] == 1 and (attention_mask is not None or (rec is not None and rec.query_valid is not None)):
+            last_logits = grouped  # one query: the recording's `_logits(query, key, attention_mask)` is this
+        logits = grouped.flatten(1, 2)[:, :, 0]  # (b, q_heads, kv)
         if layer.merged is None:  # no merged slots yet: theirs are empty (-inf), for one layout
             groups = query.shape[1] // key.shape[1]
             logits = torch.cat([logits, logits.new_full((*logits.shape[:2], groups), float("-inf"))], dim=-1)
@@ -192,7 +199,7 @@ def recording_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: 
             query = query[:, :, -rec.observe:]
             mask = None if mask is None else mask[:, :, -rec.observe:]
             valid = None if valid is None else valid[:, -rec.observe:]
-        layer.record(attention_scores(query, key, mask, float(scaling), valid)[..., :own])
+        layer.record(attention_scores(query, key, mask, float(scaling), valid, last_logits)[..., :own])
     return out, None
 
 

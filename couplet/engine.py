@@ -530,12 +530,12 @@ class Engine:
         """Rows leave a joined batch between steps: those whose couplet is written (to the finisher, for their
         横批) and those whose visitor left; what they reserved is returned at once. The rows are dropped from
         the batch first (outside the lock: only the worker changes it), so a failure changes no ticket."""
-        gone = sorted(written | {r for r, t in enumerate(wave.tickets) if t.cancelled.is_set()})
+        gone = written | {r for r, t in enumerate(wave.tickets) if t.cancelled.is_set()}
         makers = {r: wave.decoding.finisher(r) for r in written}  # bound before the rows go
-        wave.decoding.drop(gone)
+        wave.decoding.drop(sorted(gone))
         with self._lock:
-            handed = self._end_rows(wave, gone, makers, out, None)
-            wave.tickets = [t for r, t in enumerate(wave.tickets) if r not in set(gone)]
+            handed = self._end_rows(wave, sorted(gone), makers, out, None)
+            wave.tickets = [t for r, t in enumerate(wave.tickets) if r not in gone]
             self._set_reserved(wave, lower_only=True)
         for item in handed:
             self._to_finish.put(item)

@@ -101,13 +101,13 @@ def follow(lm: LoadedModel, cfg: EvalConfig, request: CoupletRequest, mode: str,
     return Followed(-sum(logps) / len(logps), agrees, margins)
 
 
-def agreement_report(mine: list[Followed], full: list[Followed]) -> dict[str, Any]:
-    """How often a mode, given `full`'s couplet so far, would pick `full`'s next character (per free choice, so
-    one early flip does not count every later character), and how close `full` itself was where it would not:
-    `flips_near_tie` is the share of those flips at which `full`'s pick led its runner-up by < NEAR_TIE nats."""
-    flips = [ref for m, f in zip(mine, full, strict=True) for ok, ref in zip(m.agrees, f.margins, strict=True)
-             if not ok]
-    choices = sum(len(m.agrees) for m in mine)
+def agreement_report(pairs: list[tuple[Followed, Followed]]) -> dict[str, Any]:
+    """Per phrase (the mode's run, `full`'s run), along `full`'s couplet: how often the mode would pick `full`'s
+    next character (per free choice, so one early flip does not count every later character), and how close
+    `full` itself was where it would not: `flips_near_tie` is the share of those flips at which `full`'s pick
+    led its runner-up by < NEAR_TIE nats."""
+    flips = [ref for m, f in pairs for ok, ref in zip(m.agrees, f.margins, strict=True) if not ok]
+    choices = sum(len(m.agrees) for m, _ in pairs)
     return {"step_agreement": 1.0 - len(flips) / choices if choices else 1.0,
             "flips": len(flips),
             "flips_near_tie": _mean(ref < NEAR_TIE for ref in flips) if flips else None,
@@ -253,7 +253,8 @@ def mode_report(lm: LoadedModel, cfg: EvalConfig, mode: str, options: dict[str, 
                 full_followed: dict[str, Followed], pool: PrefixPool) -> dict[str, Any]:
     """One mode against `full` on the same phrases: bytes, identical rate, NLL delta, step agreement, rules,
     time."""
-    peaks, identical, deltas, passed, par, seconds, followed = [], [], [], [], [], [], []
+    peaks, identical, deltas, passed, par, seconds = [], [], [], [], [], []
+    followed: list[tuple[Followed, Followed]] = []  # (this mode's, full's) per phrase
     for phrase, ref in full.items():
         request = CoupletRequest(phrase, cfg.length)
         t0 = time.perf_counter()
@@ -263,8 +264,9 @@ def mode_report(lm: LoadedModel, cfg: EvalConfig, mode: str, options: dict[str, 
         identical.append((r.upper, r.lower) == (ref.upper, ref.lower))
         passed.append(r.checks["passed"])
         par.append(r.checks["parallelism"]["score"])
-        followed.append(follow(lm, cfg, request, mode, pool, ref.upper, ref.lower, options))
-        deltas.append(followed[-1].nll - full_followed[phrase].nll)
+        mine = follow(lm, cfg, request, mode, pool, ref.upper, ref.lower, options)
+        followed.append((mine, full_followed[phrase]))
+        deltas.append(mine.nll - full_followed[phrase].nll)
     full_peak = statistics.fmean(f.peak_bytes for f in full.values())
     return {
         "options": options,
@@ -272,7 +274,7 @@ def mode_report(lm: LoadedModel, cfg: EvalConfig, mode: str, options: dict[str, 
         "kv_ratio": statistics.fmean(peaks) / full_peak,
         "identical_rate": _mean(identical),
         "nll_delta": statistics.fmean(deltas),
-        **agreement_report(followed, list(full_followed.values())),
+        **agreement_report(followed),
         "rule_pass_rate": _mean(passed),
         "parallelism": _mean(par),
         "seconds_per_couplet": _mean(seconds),

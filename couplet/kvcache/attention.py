@@ -60,17 +60,16 @@ def attention_scores(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor 
 
     query (batch, q_heads, q, head_dim), key (batch, kv_heads, kv_len, head_dim), mask None (causal,
     bottom-right aligned) or (batch, 1, q, kv_len) bool / additive float. Returns (batch, kv_heads, kv_len).
-    logits: `_logits(query, key, mask, scaling)` when the caller has them already (not recomputed).
+    logits: `_logits(query, key, mask, scaling)` when the caller has them already (not recomputed; the
+    unmasked decode step's own path needs none).
     """
     b, hq, q, d = query.shape
     hk = key.shape[1]
     groups = hq // hk
-    if logits is None and q == 1 and mask is None and query_valid is None:  # a decode step: one query, every slot
+    if q == 1 and mask is None and query_valid is None:  # the decode step: one query sees every slot
         logits = torch.matmul(query.reshape(b, hk, groups, d).float(), key.float().transpose(-1, -2)) * scaling
         return torch.softmax(logits, dim=-1).mean(2)  # (batch, kv_heads, kv_len)
-    if logits is None:
-        logits = _logits(query, key, mask, scaling)
-    probs = torch.softmax(logits, dim=-1).nan_to_num_(0.0)
+    probs = torch.softmax(_logits(query, key, mask, scaling) if logits is None else logits, dim=-1).nan_to_num_(0.0)
     return _received(probs, query_valid)
 
 
@@ -180,13 +179,13 @@ def recording_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: 
     if merging and layer is not None and layer.merged is not None:  # the evicted tokens' slots (`merge_evicted`)
         key, value, attention_mask = with_merged_slot(query, key, value, attention_mask, layer.merged)
     out = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)[0]
-    last_logits = None  # a decode step's logits, when the recording below would compute the very same ones
+    last_logits = None  # a decode step's logits: the recording below would compute the very same ones
     if merging:  # what the next merge weighs by: the last query (scaled) and its logits over every slot
         assert layer is not None
         mask = None if attention_mask is None else attention_mask[:, :, -1:]
         grouped = _logits(query[:, :, -1:], key, mask, float(scaling))  # (b, kv_heads, groups, 1, kv)
-        if query.shape[2] == 1 and (attention_mask is not None or (rec is not None and rec.query_valid is not None)):
-            last_logits = grouped  # one query: the recording's `_logits(query, key, attention_mask)` is this
+        if query.shape[2] == 1:  # one query: the recording's `_logits(query, key, attention_mask)` is this
+            last_logits = grouped
         logits = grouped.flatten(1, 2)[:, :, 0]  # (b, q_heads, kv)
         if layer.merged is None:  # no merged slots yet: theirs are empty (-inf), for one layout
             groups = query.shape[1] // key.shape[1]

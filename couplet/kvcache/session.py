@@ -266,4 +266,3 @@ class ModeSession:
         rows = [[False] * (logical - stored) + [True] * prefix + row.valid + (flags[r] if flags else [True] * q)
                 for r, row in enumerate(self.rows)]
         return torch.tensor(rows, dtype=torch.long, device=self.device)
-

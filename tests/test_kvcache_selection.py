@@ -168,3 +168,70 @@ def test_couplet_protection_positions() -> None:
     assert couplet_protection([2, 3], 5, 7, 1, 0, keywords_in_lower=True) == [2, 3, 5, 6, 7, 8, 9, 10, 11]
     assert couplet_protection([2, 3], 5, 7, 1, 3, ahead=False) == [7, 8, 9]
     assert couplet_protection([], 5, 7, 1, 6) == [10, 11]
+
+
+LONG = [1, 7, 12, 30, 5, 44, 9, 3, 17, 22, 40, 8, 33, 19, 25, 11]
+
+
+def test_lookahead_scores_the_prompt_by_pseudo_decode_queries(tiny_llama) -> None:
+    """`lookahead=n`: before the prompt's eviction the session feeds each row its argmax token n times, keeps
+    what each (layer, KV head) of those pseudo queries attended most, and leaves no trace of them. Checked
+    against transformers' eager attention on prompt + the same greedy tokens, computed independently."""
+    from transformers import LlamaForCausalLM
+
+    n, p = 3, len(LONG)
+    forwards: list[int] = []
+    hook = tiny_llama.register_forward_pre_hook(lambda m, a, kw: forwards.append(kw["input_ids"].shape[1]),
+                                                with_kwargs=True)
+    try:
+        with make_mode("selective", ratio=0.5, recent=2, merge=False, lookahead=n).new_session(tiny_llama) as session:
+            session.expect([p + 4])
+            seen: list[torch.Tensor] = []
+            look = session._look_ahead
+            session._look_ahead = lambda *a: seen.append(look(*a)) or seen[-1]  # the real method, its output kept
+            logits = session.forward(torch.tensor([LONG]))
+            assert forwards == [p] + [1] * n  # the prefill, then the pseudo tokens one by one
+            row = session.rows[0]
+            assert (row.seen, row.prompt, session.cache.meta.columns) == (p, p, p)  # as if never fed
+            budget = -(-(p + 4) // 2)
+            assert len(row.valid) == budget and all(row.valid)
+            kept = session.cache.meta.pos  # (layers, 1, kv_heads, budget)
+            # later steps go on from the prompt: a decode step is one more forward, no pseudo tokens
+            session.forward(torch.tensor([[4]]))
+            assert forwards[-1] == 1 and len(forwards) == 2 + n and session.rows[0].seen == p + 1
+    finally:
+        hook.remove()
+    eager = LlamaForCausalLM(tiny_llama.config).eval()
+    eager.load_state_dict(tiny_llama.state_dict())
+    eager.set_attn_implementation("eager")
+    ids = list(LONG)
+    with torch.no_grad():
+        assert int(eager(torch.tensor([ids])).logits[0, -1].argmax()) == int(logits[0, -1].argmax())
+        for _ in range(n):
+            ids.append(int(eager(torch.tensor([ids])).logits[0, -1].argmax()))
+        att = torch.stack(eager(torch.tensor([ids]), output_attentions=True).attentions)[:, 0]  # (layers, 4, T, T)
+    # the 4 query heads read 2 KV heads; the pseudo queries are the tokens fed after the prompt (the last one
+    # chosen is never fed)
+    expected = att[:, :, p:p + n, :p].reshape(2, 2, 2, n, p).mean(2).sum(2) / n  # (layers, kv_heads, p)
+    assert len(ids) == p + n
+    assert torch.allclose(seen[0][:, 0], expected, atol=1e-5)
+    for layer in range(2):
+        for head in range(2):
+            forced = set(range(p - 2, p))  # the recent window
+            top = expected[layer, head, : p - 2].topk(budget - len(forced)).indices.tolist()
+            assert sorted(kept[layer, 0, head].tolist()) == sorted(forced | set(top))
+
+
+def test_lookahead_costs_nothing_when_the_prompt_fits(tiny_llama) -> None:
+    """No eviction at the prefill (the budget holds the whole prompt): no pseudo tokens are fed."""
+    forwards: list[int] = []
+    hook = tiny_llama.register_forward_pre_hook(lambda m, a, kw: forwards.append(kw["input_ids"].shape[1]),
+                                                with_kwargs=True)
+    try:
+        for ratio in (1.0, 0.9):
+            with make_mode("selective", ratio=ratio, lookahead=4).new_session(tiny_llama) as session:
+                session.expect([len(LONG) + 1])
+                session.forward(torch.tensor([LONG]))
+        assert forwards == [len(LONG)] * 2
+    finally:
+        hook.remove()

@@ -128,7 +128,8 @@ class Composition:
         per_token = 2 * geometry.layers * geometry.kv_heads * self.storage.row_bytes(geometry.head_dim,
                                                                                      geometry.dtype_bytes)
         residual = self.storage.residual * geometry.token_bytes
-        prefill = prompt * geometry.token_bytes
+        # a retention's pseudo decode tokens join the whole prompt before its eviction (`ModeSession._look_ahead`)
+        prefill = (prompt + lookahead_tokens(self.retention, self.sharing is not None)) * geometry.token_bytes
         if per_token < geometry.token_bytes:  # a quantized store quantizes a prefill layer by layer
             layer = -(-prompt * geometry.token_bytes // geometry.layers)  # one layer's rows at full precision
             prefill = min(prefill, int(prompt * per_token + 0.999) + layer + residual)
@@ -153,6 +154,14 @@ class Composition:
         merged = 4 * geometry.layers * (geometry.q_heads or geometry.kv_heads) \
             if self.retention is not None and self.retention.merge else 0
         return prefill, int(max(kept - pooled, 0) * per_token + residual + merged + 0.999)
+
+
+def lookahead_tokens(retention: Retention | None, pooled: bool) -> int:
+    """Pseudo decode tokens a prefill feeds before the prompt's eviction (`ModeSession._look_ahead`): none without
+    attention scores, when the prompt is never evicted (`keep_prompt`) or comes from a pool (`pooled`)."""
+    if retention is None or not retention.uses_attention or retention.keep_prompt or pooled:
+        return 0
+    return retention.lookahead
 
 
 class Policy:

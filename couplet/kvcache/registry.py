@@ -42,7 +42,7 @@ MODE_INFO: dict[str, ModeInfo] = {
     "window": ModeInfo(WindowPolicy, "滑动窗口", "只留最近的字，其余丢弃（也可留开头几个“注意力汇点”）。",
                        "#e0792b", lossless=False, byte_target=0.53, knob="ratio", sweep=RATIOS),  # lantern
     "selective": ModeInfo(SelectivePolicy, "选择性保留",
-                          "按模型实际投入的注意力挑选要留的字，护住关键词和上联对位字；删去的字并入每个注意力头的一个合并槽。",
+                          "先试写几个字，看写联时注意力落在何处，据此挑选要留的字，护住关键词和上联对位字；删去的字并入每个注意力头的一个合并槽。",
                           "#2e8b57", lossless=False, byte_target=0.53, knob="ratio", sweep=RATIOS),  # jade
     "snapkv": ModeInfo(SnapKVPolicy, "SnapKV 提示压缩",
                        "读完提示后，按末尾几字对各字的注意力（邻域池化）一次性删减提示。",

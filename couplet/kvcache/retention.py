@@ -45,6 +45,9 @@ class ScoreView:
     attention: torch.Tensor | None  # same shape, float32 attention received (policies with uses_attention)
     seen: torch.Tensor  # (1, batch, 1, 1) float32 tokens seen per row
     cache: CompressedCache | None = field(default=None, repr=False)  # for keys/values, read lazily
+    # at the prompt's eviction, with `Retention.lookahead`: the attention the pseudo decode queries paid, per query
+    # (same shape as `pos`; `ModeSession._look_ahead`)
+    lookahead: torch.Tensor | None = field(default=None, repr=False)
 
     @cached_property
     def _kv(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,6 +76,7 @@ class Retention:
     recent: int = 0
     keep_prompt: bool = False
     merge: bool = False  # fold what is evicted into one slot per query head (`merge_evicted`)
+    lookahead: int = 0  # pseudo decode queries that score the prompt before its eviction (`ModeSession._look_ahead`)
     uses_attention: ClassVar[bool] = False  # record attention received per slot (`ScoreView.attention`)
     prefill_only: ClassVar[bool] = False  # evict once, after the first forward (the prompt), then never again
 
@@ -83,6 +87,7 @@ class Retention:
         check_int("recent", self.recent, 0)
         check_bool("keep_prompt", self.keep_prompt)
         check_bool("merge", self.merge)
+        check_int("lookahead", self.lookahead, 0)
 
     @property
     def observe(self) -> int | None:
@@ -148,8 +153,10 @@ def forced_below(retention: Retention, row: RowState) -> int:
     return min(row.seen, max(retention.sinks, row.prompt if retention.keep_prompt else 0))
 
 
-def evict(retention: Retention, cache: CompressedCache, rows: list[RowState], prefix_len: int) -> None:
-    """Shrink every row to its budget, the same way in every layer (equal physical lengths)."""
+def evict(retention: Retention, cache: CompressedCache, rows: list[RowState], prefix_len: int,
+          lookahead: torch.Tensor | None = None) -> None:
+    """Shrink every row to its budget, the same way in every layer (equal physical lengths). lookahead: see
+    `ScoreView.lookahead`."""
     residual = cache.compressed[0].store.residual_len
     owned = len(rows[0].valid)
     merged = cache.merged_slots if retention.merge else 0
@@ -164,7 +171,7 @@ def evict(retention: Retention, cache: CompressedCache, rows: list[RowState], pr
     valid = None if all(all(r.valid) for r in rows) else torch.tensor([r.valid for r in rows], dtype=torch.bool,
                                                                       device=dev)  # batch 1: no padding, no filler
     assert cache.meta.pos is not None
-    view = ScoreView(cache.meta.pos, cache.meta.score, per_row[:, 0].float().view(1, -1, 1, 1), cache)
+    view = ScoreView(cache.meta.pos, cache.meta.score, per_row[:, 0].float().view(1, -1, 1, 1), cache, lookahead)
     index = plan(retention, view, valid, residual, keep, per_row[:, 1], protected)
     if retention.merge:
         merge_evicted(cache, index)

@@ -23,8 +23,9 @@ import torch
 
 from couplet.events import KVStats
 from couplet.kvcache.attention import Recording, recording
+from couplet.kvcache.base import lookahead_tokens
 from couplet.kvcache.layer import CompressedCache, FullCache
-from couplet.kvcache.retention import Retention, RowState, evict
+from couplet.kvcache.retention import Retention, RowState, evict, keep_counts
 from couplet.kvcache.sharing import Flags, Sharing
 
 
@@ -78,6 +79,19 @@ class ModeSession:
                 self.cache.meta.cascade = b > 1  # a batch attends its rows' common prefix once
         elif b != self.batch:
             raise ValueError(f"batch size changed from {self.batch} to {b} within a session")
+        retention = self.retention if self.retention is not None and (first or not self.retention.prefill_only) \
+            else None  # SnapKV-like policies act on the prompt only
+        logits = self._feed(input_ids, attention_mask, logits_to_keep, first, retention)
+        if retention is not None:
+            ahead = self._look_ahead(retention, logits) if first else None
+            evict(retention, self._compressed, self.rows, self.cache.prefix_len, ahead)
+        self.steps += 1
+        return logits
+
+    def _feed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, logits_to_keep: int, first: bool,
+              retention: Retention | None) -> torch.Tensor:
+        """One forward through the model: positions, mask, recording, and the pool's blocks; no eviction."""
+        b, q = input_ids.shape
         flags = self._new_flags(attention_mask, b, q)
         if first and self.sharing is not None:
             input_ids, flags = self.sharing.attach(self, input_ids, flags)
@@ -87,8 +101,6 @@ class ModeSession:
         valid_t = None if flags is None else torch.tensor(flags, dtype=torch.bool, device=self.device)
         self.cache.begin(pos, valid_t)
         mask = self._mask_2d(flags, q)
-        retention = self.retention if self.retention is not None and (first or not self.retention.prefill_only) \
-            else None  # SnapKV-like policies act on the prompt only
         with recording(self._recording(retention, positions, valid_t)):
             if self.encoder is None:
                 out = self.model(input_ids=input_ids.to(self.device), attention_mask=mask,
@@ -112,10 +124,46 @@ class ModeSession:
                 row.prompt = row.seen
         if first and self.sharing is not None:
             self.sharing.publish(self, positions)
-        if retention is not None:
-            evict(retention, self._compressed, self.rows, self.cache.prefix_len)
-        self.steps += 1
         return out.logits
+
+    def _look_ahead(self, retention: Retention, logits: torch.Tensor) -> torch.Tensor | None:
+        """The prompt's scores for its eviction, from `retention.lookahead` pseudo decode queries (LAQ, Lookahead
+        Q-Cache, Wang et al. 2025, arXiv:2505.20334): before anything is evicted, feed each row its greedy next
+        token (the raw model's argmax, no constraints) that many times with the whole prompt cached, record the
+        attention those queries pay, then drop the pseudo tokens again. The prompt's own queries read the
+        instructions and the exemplars; what the couplet's queries will read is better told by queries that are
+        already writing it. Returns (layers, batch, kv_heads, slots) mean attention per pseudo query, aligned
+        with the slots kept, or None when nothing of the prompt would be evicted (then it costs nothing).
+
+        Memory: the whole prompt is held for `lookahead` more forwards, plus that many tokens — the prefill's own
+        transient, a little longer (the peak a request keeps afterwards is unchanged). The prompt's own
+        accumulated scores stay what later steps build on; the merge (`merge_evicted`) still weighs by the
+        prompt's last query."""
+        cache = self._compressed
+        n, meta = lookahead_tokens(retention, self.sharing is not None), cache.meta
+        if not n or meta.score is None or cache.compressed[0].store.residual_len:
+            return None
+        owned = len(self.rows[0].valid)
+        keep = keep_counts(retention, self.rows, self.cache.prefix_len, 0)
+        if all(k >= sum(r.valid) for k, r in zip(keep, self.rows, strict=True)):
+            return None  # within budget: nothing to choose yet
+        saved = meta.score, meta.decay, [(layer.last_query, layer.last_logits) for layer in cache.compressed]
+        rows = [(r.seen, r.fed) for r in self.rows]
+        meta.score, meta.decay = torch.zeros_like(meta.score), 1.0  # the pseudo queries' attention, summed
+        ids = logits[:, -1:].argmax(-1)  # (batch, 1)
+        for _ in range(n):
+            ids = self._feed(ids, None, 1, False, retention)[:, -1:].argmax(-1)
+        ahead = meta.score[..., :owned] / n
+        index = torch.arange(owned, device=ahead.device).expand(*ahead.shape)  # drop the pseudo tokens' slots
+        cache.evict(index, keep_residual=False)
+        meta.columns -= n
+        meta.score, meta.decay = saved[0], saved[1]
+        for layer, (query, last) in zip(cache.compressed, saved[2], strict=True):
+            layer.last_query, layer.last_logits = query, last
+        for row, (seen, fed) in zip(self.rows, rows, strict=True):
+            row.seen, row.fed = seen, fed
+            del row.valid[owned:]
+        return ahead
 
     def protect(self, positions: Sequence[Iterable[int]]) -> None:
         """Logical positions to keep, one iterable per batch row (retention modes; others ignore it).

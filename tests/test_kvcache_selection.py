@@ -196,6 +196,8 @@ def test_lookahead_scores_the_prompt_by_pseudo_decode_queries(tiny_llama) -> Non
             budget = -(-(p + 4) // 2)
             assert len(row.valid) == budget and all(row.valid)
             kept = session.cache.meta.pos  # (layers, 1, kv_heads, budget)
+            # the prefill recorded nothing of its own: the kept slots' scores are the pseudo queries' sums
+            assert torch.allclose(session.cache.meta.score, (seen[0] * n).gather(3, kept.long()))
             # later steps go on from the prompt: a decode step is one more forward, no pseudo tokens
             session.forward(torch.tensor([[4]]))
             assert forwards[-1] == 1 and len(forwards) == 2 + n and session.rows[0].seen == p + 1

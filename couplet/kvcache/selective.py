@@ -46,18 +46,21 @@ class SelectivePolicy(Retention, Policy):
     Not with a prefix pool (`combo` builds its retention with merge=False).
 
     lookahead=8 by default (2026-12-05): the prompt's eviction is scored by 8 pseudo decode queries instead of
-    the prompt's own (`ModeSession._look_ahead`; LAQ, Wang et al. 2025, arXiv:2505.20334). Why: with full's own
-    future attention as the score (an oracle, scratch harness), ratio 0.5 writes full's couplet for 66.7% of the
-    dev phrases and 0.75 for 83.8%; the prompt's eviction alone, scored by the oracle, gave 64.1% — so the
-    prompt's eviction was where the heuristic lost most, and the prompt's own queries (reading instructions
-    and exemplars) were a poor stand-in for the couplet's. Measured (dev list, float32, greedy, merge on):
+    the prompt's own (`ModeSession._look_ahead`; LAQ, Wang et al. 2025, arXiv:2505.20334), and the prefill
+    records no attention of its own. Why: with full's own future attention as the score (an oracle,
+    `scripts/selective_oracle.py`), ratio 0.5 writes full's couplet for 66.7% of the dev phrases and 0.75 for
+    83.8%; the prompt's eviction alone, scored by the oracle, gave 64.1% — so the prompt's eviction was where
+    the heuristic lost most, and the prompt's own queries (reading instructions and exemplars) were a poor
+    stand-in for the couplet's. Measured (dev list, float32, greedy, merge on; `evaluate --sweep`):
 
-        lookahead      0      4      8     16
-        ratio 0.5   58.1%  60.7%  64.1%  69.2%
-        ratio 0.75  71.8%     —   79.5%  83.8%
+                      identical  (before: no lookahead)   s / couplet
+        ratio 0.5       65.8%        58.1%                  0.221
+        ratio 0.75      76.1%        71.8%                  0.222
 
-    and at ratio 0.5 on 117 phrases outside the dev list 46.2% -> 64.1% (8). 8 pseudo tokens cost 8 forwards
-    per request at its prefill (about +14% of a couplet's time on CPU, ~17 decode steps); the prefill holds the
+    and at ratio 0.5 on 117 phrases outside the dev list 46.2% -> 61.5%. Keeping the prompt's own recorded
+    scores for the later steps instead gave 64.1% / 79.5% (64.1% outside the list) but cost the
+    prefill's q x q attention recording: 0.42x full's throughput through the engine against 0.77x without it
+    (300-visitor burst). 8 pseudo tokens cost 8 forwards per request at its prefill; the prefill holds the
     prompt plus those tokens (`Composition.owned_peak_bytes`), the request's peak afterwards is unchanged.
     """
 

@@ -101,7 +101,9 @@ class ModeSession:
         valid_t = None if flags is None else torch.tensor(flags, dtype=torch.bool, device=self.device)
         self.cache.begin(pos, valid_t)
         mask = self._mask_2d(flags, q)
-        with recording(self._recording(retention, positions, valid_t)):
+        # the prompt's own attention is not recorded when pseudo decode queries will score it (`_look_ahead`)
+        scored = None if first and self._looks_ahead(retention, flags, q) else retention
+        with recording(self._recording(scored, positions, valid_t)):
             if self.encoder is None:
                 out = self.model(input_ids=input_ids.to(self.device), attention_mask=mask,
                                  position_ids=pos.clamp(min=0).long(), cache=self.cache, use_cache=True,
@@ -126,6 +128,13 @@ class ModeSession:
             self.sharing.publish(self, positions)
         return out.logits
 
+    def _looks_ahead(self, retention: Retention | None, flags: Flags, q: int) -> bool:
+        """Before a prefill of (batch, q) tokens: will `_look_ahead` score its prompt (some row over budget)?"""
+        if retention is None or not lookahead_tokens(retention, self.sharing is not None):
+            return False
+        real = [sum(f) for f in flags] if flags is not None else [q] * len(self.rows)
+        return any(retention.budget(n, row.expected) < n for n, row in zip(real, self.rows, strict=True))
+
     def _look_ahead(self, retention: Retention, logits: torch.Tensor) -> torch.Tensor | None:
         """The prompt's scores for its eviction, from `retention.lookahead` pseudo decode queries (LAQ, Lookahead
         Q-Cache, Wang et al. 2025, arXiv:2505.20334): before anything is evicted, feed each row its greedy next
@@ -136,9 +145,10 @@ class ModeSession:
         with the slots kept, or None when nothing of the prompt would be evicted (then it costs nothing).
 
         Memory: the whole prompt is held for `lookahead` more forwards, plus that many tokens — the prefill's own
-        transient, a little longer (the peak a request keeps afterwards is unchanged). The prompt's own
-        accumulated scores stay what later steps build on; the merge (`merge_evicted`) still weighs by the
-        prompt's last query."""
+        transient, a little longer (the peak a request keeps afterwards is unchanged). The prefill itself records
+        no attention (`_feed`): the pseudo queries' sums become the prompt's scores, which later steps build on.
+        Recording every prompt query's attention (q x q per head, outside SDPA) was most of `selective`'s prefill
+        cost. The merge (`merge_evicted`) still weighs by the prompt's last query."""
         cache = self._compressed
         n, meta = lookahead_tokens(retention, self.sharing is not None), cache.meta
         if not n or meta.score is None or cache.compressed[0].store.residual_len:
@@ -147,9 +157,9 @@ class ModeSession:
         keep = keep_counts(retention, self.rows, self.cache.prefix_len, 0)
         if all(k >= sum(r.valid) for k, r in zip(keep, self.rows, strict=True)):
             return None  # within budget: nothing to choose yet
-        saved = meta.score, meta.decay, [(layer.last_query, layer.last_logits) for layer in cache.compressed]
+        decay, last = meta.decay, [(layer.last_query, layer.last_logits) for layer in cache.compressed]
         rows = [(r.seen, r.fed) for r in self.rows]
-        meta.score, meta.decay = torch.zeros_like(meta.score), 1.0  # the pseudo queries' attention, summed
+        meta.decay = 1.0  # the pseudo queries' attention, summed (the prefill recorded none: `_feed`)
         ids = logits[:, -1:].argmax(-1)  # (batch, 1)
         for _ in range(n):
             ids = self._feed(ids, None, 1, False, retention)[:, -1:].argmax(-1)
@@ -157,9 +167,9 @@ class ModeSession:
         index = torch.arange(owned, device=ahead.device).expand(*ahead.shape)  # drop the pseudo tokens' slots
         cache.evict(index, keep_residual=False)
         meta.columns -= n
-        meta.score, meta.decay = saved[0], saved[1]
-        for layer, (query, last) in zip(cache.compressed, saved[2], strict=True):
-            layer.last_query, layer.last_logits = query, last
+        meta.decay = decay  # the pseudo queries' sums stay the prompt's scores, which later steps build on
+        for layer, (query, logits_) in zip(cache.compressed, last, strict=True):
+            layer.last_query, layer.last_logits = query, logits_
         for row, (seen, fed) in zip(self.rows, rows, strict=True):
             row.seen, row.fed = seen, fed
             del row.valid[owned:]

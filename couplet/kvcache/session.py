@@ -25,7 +25,7 @@ from couplet.events import KVStats
 from couplet.kvcache.attention import Recording, recording
 from couplet.kvcache.base import lookahead_tokens
 from couplet.kvcache.layer import CompressedCache, FullCache
-from couplet.kvcache.retention import Retention, RowState, evict, keep_counts
+from couplet.kvcache.retention import Retention, RowState, evict
 from couplet.kvcache.sharing import Flags, Sharing
 
 
@@ -102,7 +102,8 @@ class ModeSession:
         self.cache.begin(pos, valid_t)
         mask = self._mask_2d(flags, q)
         # the prompt's own attention is not recorded when pseudo decode queries will score it (`_look_ahead`)
-        scored = None if first and self._looks_ahead(retention, flags, q) else retention
+        real = [sum(f) for f in flags] if flags is not None else [q] * b  # real tokens per row
+        scored = None if first and self._looks_ahead(retention, real) else retention
         with recording(self._recording(scored, positions, valid_t)):
             if self.encoder is None:
                 out = self.model(input_ids=input_ids.to(self.device), attention_mask=mask,
@@ -128,12 +129,13 @@ class ModeSession:
             self.sharing.publish(self, positions)
         return out.logits
 
-    def _looks_ahead(self, retention: Retention | None, flags: Flags, q: int) -> bool:
-        """Before a prefill of (batch, q) tokens: will `_look_ahead` score its prompt (some row over budget)?"""
+    def _looks_ahead(self, retention: Retention | None, prompt: Sequence[int]) -> bool:
+        """Whether pseudo decode queries score this prompt (`_look_ahead`) — `prompt` real tokens per row: the
+        policy looks ahead and some row is over its budget. Asked before the prefill (whether to record the
+        prompt's own attention) and after it (whether to look ahead), with the same answer."""
         if retention is None or not lookahead_tokens(retention, self.sharing is not None):
             return False
-        real = [sum(f) for f in flags] if flags is not None else [q] * len(self.rows)
-        return any(retention.budget(n, row.expected) < n for n, row in zip(real, self.rows, strict=True))
+        return any(retention.budget(n, row.expected) < n for n, row in zip(prompt, self.rows, strict=True))
 
     def _look_ahead(self, retention: Retention, logits: torch.Tensor) -> torch.Tensor | None:
         """The prompt's scores for its eviction, from `retention.lookahead` pseudo decode queries (LAQ, Lookahead
@@ -150,13 +152,11 @@ class ModeSession:
         Recording every prompt query's attention (q x q per head, outside SDPA) was most of `selective`'s prefill
         cost. The merge (`merge_evicted`) still weighs by the prompt's last query."""
         cache = self._compressed
-        n, meta = lookahead_tokens(retention, self.sharing is not None), cache.meta
-        if not n or meta.score is None or cache.compressed[0].store.residual_len:
-            return None
+        n, meta = retention.lookahead, cache.meta
+        if not self._looks_ahead(retention, [r.seen for r in self.rows]) or meta.score is None \
+                or cache.compressed[0].store.residual_len:
+            return None  # no lookahead, or within budget: nothing to choose yet
         owned = len(self.rows[0].valid)
-        keep = keep_counts(retention, self.rows, self.cache.prefix_len, 0)
-        if all(k >= sum(r.valid) for k, r in zip(keep, self.rows, strict=True)):
-            return None  # within budget: nothing to choose yet
         decay, last = meta.decay, [(layer.last_query, layer.last_logits) for layer in cache.compressed]
         rows = [(r.seen, r.fed) for r in self.rows]
         meta.decay = 1.0  # the pseudo queries' attention, summed (the prefill recorded none: `_feed`)

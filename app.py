@@ -136,8 +136,12 @@ def live_line(gauges: EngineGauges | None = None) -> str:
         served = (f"<br>vLLM 服务端（{html.escape(BACKEND.vllm_url)}，{gauges.dtype_label} KV）："
                   f"运行 {gauges.running} 份、排队 {gauges.waiting} 份，KV 缓存 {gauges.kv_bytes / 1024:.0f} / "
                   f"{gauges.capacity_bytes / 1024:.0f} KB（全引擎合计）。")
+    # the bytes in use (the caches and the pool blocks they reference) against the same tokens stored whole
+    saved = (f'，在用 {(st.kv_bytes + st.pool_used_bytes) / 1024:.0f} KB，是不压缩不共享'
+             f'（{st.full_bytes / 1024:.0f} KB）的 {(st.kv_bytes + st.pool_used_bytes) / st.full_bytes:.0%}'
+             if st.full_bytes else '')
     return (f'<p class="live-line">本进程此刻在写 {st.in_flight} 份（排队 {st.waiting}），KV 缓存 '
-            f'{st.kv_bytes / 1024:.0f} KB + 共享前缀池 {st.pool_bytes / 1024:.0f} KB，预算 {KV_BUDGET_MB:g} MB；'
+            f'{st.kv_bytes / 1024:.0f} KB + 共享前缀池 {st.pool_bytes / 1024:.0f} KB{saved}，预算 {KV_BUDGET_MB:g} MB；'
             f'模型权重 {lm.weight_bytes / 2**20:.1f} MB（{weights}）。{served}</p>')
 
 

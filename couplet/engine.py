@@ -138,6 +138,7 @@ class Ticket:
     reserved: int = 0  # bytes reserved now
     peak_reserved: int = 0  # the most it reserved at once (a joined row's reservation follows its batch's width)
     kv_bytes: int = 0  # what its cache holds, as of its last step
+    full_bytes: int = 0  # the same tokens in a `full` cache, unshared (`StepRecord.full_equivalent_bytes`)
     prompt_id: bytes | None = None  # a pool mode's (mode, length, prompt) digest: who may share its whole prompt
 
     def cancel(self) -> None:
@@ -174,6 +175,8 @@ class EngineStats:
     forwards: int = 0  # wave advances (one forward each: a prefill or a step)
     rounds: int = 0  # worker rounds that advanced at least one wave; forwards / rounds = waves per step
     finishing: int = 0  # couplets written (caches released) whose 横批 the finisher is still choosing
+    pool_used_bytes: int = 0  # the pool blocks the admitted requests reference or a lease pins
+    full_bytes: int = 0  # the admitted requests' tokens as unshared `full` caches would hold them
 
 
 class Engine:
@@ -269,7 +272,8 @@ class Engine:
             kv = sum(t.kv_bytes for t in tickets)
             return EngineStats(len(tickets), len(self._waiting), self._reserved, kv, self.pool.nbytes,
                                self.pool.total_refs(), self._peak_in_flight, self._peak_reserved,
-                               self._forwards, self._rounds, self._finishing)
+                               self._forwards, self._rounds, self._finishing, self.pool.used_bytes(),
+                               sum(t.full_bytes for t in tickets))
 
     def close(self) -> None:
         with self._lock:
@@ -447,7 +451,7 @@ class Engine:
         last = wave.decoding.done  # its Progress goes out with the result, from the finisher
         written = set(wave.decoding.finished_rows)  # a joined batch's rows finish at different steps
         for r, (t, p) in enumerate(zip(wave.tickets, out, strict=True)):
-            t.kv_bytes = p.record.kv_bytes
+            t.kv_bytes, t.full_bytes = p.record.kv_bytes, p.record.full_equivalent_bytes
             if t.first_token is None and p.record.step == 1:
                 t.first_token = now
             if not t.cancelled.is_set() and r not in written:
@@ -551,7 +555,7 @@ class Engine:
         for r in rows:
             t = wave.tickets[r]
             self._reserved -= t.reserved
-            t.reserved = t.kv_bytes = 0
+            t.reserved = t.kv_bytes = t.full_bytes = 0
             if r in makers:
                 t.decoded = now
                 if not t.cancelled.is_set():

@@ -16,7 +16,10 @@ Per mode, in vLLM `bench serve`'s vocabulary: requests/s and output tokens/s (ch
 concurrency (mean over the run, sampled every 10 ms, and peak), resident KV peak (what the caches hold, pool
 included), KV per request (a request's own peak plus its pool share), prompt KV (right after its prefill, the
 prompt's owned slots plus its share of the pool blocks, against the same prompt unshared at full precision:
-the issue's "resident prompt KV against unshared"), prefix-pool hit rate (blocks), prefill
+the issue's "resident prompt KV against unshared", per visitor), KV in use against unshared (the same question
+asked of memory rather than of visitors: every 10 ms, what the admitted caches and the pool blocks they use
+hold against their tokens in unshared `full` caches, decode tokens included, summed over the run), prefix-pool
+hit rate (blocks), prefill
 tokens computed against unshared, TTFT / TPOT / end-to-end latency at p50/p90/p99 (TTFT: arrival to the
 first character), and the identical rate against `full` on the same phrases. The default budget holds
 8 `full` requests at once (plus the pool), so memory is the bottleneck, as on a busy GPU.
@@ -138,13 +141,14 @@ def run_mode(lm: LoadedModel, mode: str, budget_mb: float, cfg: ServeConfig, typ
                                      min_wave=cfg.min_wave, prefix_wave=cfg.prefix_wave, continuous=cfg.continuous,
                                      prefill_chunk=cfg.prefill_chunk,
                                      max_waiting=cfg.visitors))
-    samples: list[tuple[int, int]] = []  # (in flight, resident bytes) every 10 ms
+    samples: list[tuple[int, int, int, int]] = []  # every 10 ms: (in flight, resident bytes, in use, unshared)
     stop = threading.Event()
 
     def monitor() -> None:
         while not stop.is_set():
             st = engine.stats()
-            samples.append((st.in_flight, st.kv_bytes + st.pool_bytes))
+            samples.append((st.in_flight, st.kv_bytes + st.pool_bytes, st.kv_bytes + st.pool_used_bytes,
+                            st.full_bytes))
             time.sleep(0.01)
 
     cuda = lm.device.startswith("cuda")
@@ -186,6 +190,7 @@ def run_mode(lm: LoadedModel, mode: str, budget_mb: float, cfg: ServeConfig, typ
     prompt_tokens = sum(len(preps[p].prompt) for p in typed)
     looked_up = pool.hits + pool.misses
     couplets = {p: (r.upper, r.lower) for p, r in zip(typed, results, strict=True) if r}
+    in_use, unshared = sum(s[2] for s in samples), sum(s[3] for s in samples)
     row = {
         "budget_mb": budget_mb, "visitors": len(tickets), "seconds": makespan,
         "requests_per_s": len(tickets) / makespan, "throughput_tok_s": chars / makespan,
@@ -194,6 +199,10 @@ def run_mode(lm: LoadedModel, mode: str, budget_mb: float, cfg: ServeConfig, typ
         "admitted_concurrency": statistics.fmean(s[0] for s in samples) if samples else 0.0,
         "admitted_concurrency_peak": stats.peak_in_flight,
         "resident_kv_peak_bytes": max((s[1] for s in samples), default=0),
+        # what the admitted visitors' caches and the pool blocks they use hold, against the same tokens in
+        # unshared `full` caches, summed over the samples: the memory in use at any moment, time-weighted
+        # (the pool's unreferenced blocks are cache, evictable on demand: not counted, as vLLM's usage gauge)
+        "resident_kv_ratio": in_use / unshared if unshared else 0.0,
         "kv_per_request_bytes": statistics.fmean(per_request),
         "prompt_kv_ratio": statistics.fmean(ratio for _, ratio in prompt_kv),
         "prompt_kv_by_popularity": prompt_kv_by_popularity(typed, prompt_kv),
@@ -314,25 +323,26 @@ def markdown(out: dict) -> str:
         lines += [f"\n### budget {run['budget_mb']} MB, {out['config']['visitors']} visitors, {out['device']}, "
                   f"{out['dtype']}\n",
                   "| mode | tok/s | vs full | couplets only: tok/s, vs full | concurrency mean / peak | KV / request |"
-                  " prompt KV | resident peak | prefix hits |"
+                  " prompt KV | in use vs unshared | resident peak | prefix hits |"
                   " prefill computed | TTFT p50 / p99 ms | TPOT p50 / p99 ms | E2E p99 ms | identical |"
                   " forwards / step |",
                   "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-                  " ---: |"]
+                  " ---: | ---: |"]
         own = []
         for mode, r in run["modes"].items():
             if "unmeasured" in r:
-                lines.append(f"| `{mode}` | not measured: {r['unmeasured']} |" + " |" * 13)
+                lines.append(f"| `{mode}` | not measured: {r['unmeasured']} |" + " |" * 14)
                 continue
             if r.get("vllm_bench_serve"):
                 own.append((mode, r["vllm_bench_serve"]))
             prompt_kv = f"{r['prompt_kv_ratio']:.0%}" if "prompt_kv_ratio" in r else "—"  # a server: not seen
+            in_use = f"{r['resident_kv_ratio']:.1%}" if "resident_kv_ratio" in r else "—"
             generation = f"{r['generation_tok_s']:.0f}, {r['generation_ratio']:.2f}×" if "generation_ratio" in r \
                 else "—"  # a server's rows: no 横批 chosen, their tok/s is already the couplets' own
             lines.append(
                 f"| `{mode}` | {r['throughput_tok_s']:.0f} | {r['throughput_ratio']:.2f}× | {generation} | "
                 f"{r['admitted_concurrency']:.1f} / {r['admitted_concurrency_peak']} | "
-                f"{r['kv_per_request_bytes'] / 1024:.0f} KB | {prompt_kv} | "
+                f"{r['kv_per_request_bytes'] / 1024:.0f} KB | {prompt_kv} | {in_use} | "
                 f"{r['resident_kv_peak_bytes'] / MB:.1f} MB | "
                 f"{r['prefix_hit_rate']:.0%} | {r['prefill_tokens_ratio']:.0%} | "
                 f"{r['ttft_p50_ms']:.0f} / {r['ttft_p99_ms']:.0f} | {r['tpot_p50_ms']:.1f} / {r['tpot_p99_ms']:.1f} | "

@@ -147,6 +147,11 @@ def test_stream_yields_step_by_step(client):
     assert all(u[RESULTS] == [] for u in outputs[:-1]) and len(outputs[-1][RESULTS]) == len(ALL_MODES)
     steps = [len(plot_traces(u[KV_PLOT])) for u in outputs]  # every update carries every mode's line
     assert set(steps) == {len(ALL_MODES) + 1}
+    # while it is written, the live line says what the engine's caches use against the same tokens stored whole
+    live = [re.search(r"在用 (\d+) KB，是不压缩不共享（(\d+) KB）的 (\d+)%", u[TABLE]) for u in outputs[:-1]]
+    figures = [tuple(int(g) for g in m.groups()) for m in live if m]
+    assert figures and all(abs(pct - 100 * used / whole) <= 1 for used, whole, pct in figures), figures
+    assert any(0 < used < whole for used, whole, _ in figures), figures  # the compressed modes use less
 
 
 @pytest.mark.parametrize("keywords,message", [

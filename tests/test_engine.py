@@ -124,6 +124,7 @@ def test_cancelled_requests_end_and_release_what_they_held(embedded_lm) -> None:
         wait_idle(engine)
         st = engine.stats()
         assert st.pool_refs == 0 and st.reserved_bytes == 0 and st.kv_bytes == 0
+        assert st.pool_used_bytes == 0 < st.pool_bytes and st.full_bytes == 0  # the blocks stay, as cache
 
 
 def test_the_finisher_chooses_the_hengpi_after_the_cache_is_released(embedded_lm) -> None:

@@ -175,8 +175,8 @@ class EngineStats:
     forwards: int = 0  # wave advances (one forward each: a prefill or a step)
     rounds: int = 0  # worker rounds that advanced at least one wave; forwards / rounds = waves per step
     finishing: int = 0  # couplets written (caches released) whose 横批 the finisher is still choosing
-    pool_used_bytes: int = 0  # the pool blocks the admitted requests reference or a lease pins
-    full_bytes: int = 0  # the admitted requests' tokens as unshared `full` caches would hold them
+    pool_used_bytes: int = 0  # the pool blocks that requests past their prefill reference, each counted once
+    full_bytes: int = 0  # those requests' tokens as unshared `full` caches would hold them
 
 
 class Engine:
@@ -247,16 +247,22 @@ class Engine:
         more streams of the same prepared request from other backends ({mode: decode(prep)}, `couplet.serving`),
         advanced in the same lockstep."""
         prep = prepare(self.lm, request, prompt, voice)
-        tickets = {m: self.submit(request, m, prep=prep) for m in modes}
-        streams: dict[str, Iterator[Progress]] = {m: iter(t) for m, t in tickets.items()}
-        streams |= {m: make(prep) for m, make in (remote or {}).items()}
+        tickets: dict[str, Ticket] = {}
+        streams: dict[str, Iterator[Progress]] = {}
         try:
+            # submitted one by one inside the try: a mode refused (busy, over budget, unknown) or a remote stream
+            # that fails to start cancels the modes already queued, which no one would read
+            for m in modes:
+                tickets[m] = self.submit(request, m, prep=prep)
+                streams[m] = iter(tickets[m])
+            for m, make in (remote or {}).items():
+                streams[m] = make(prep)
             yield from lockstep(streams)
         finally:
             for t in tickets.values():
                 t.cancel()
             for m in remote or {}:  # a remote stream closed here stops its reader and its HTTP request
-                close = getattr(streams[m], "close", None)
+                close = getattr(streams.get(m), "close", None)
                 if close is not None:
                     close()
 
@@ -270,10 +276,15 @@ class Engine:
         with self._lock:
             tickets = [t for w in self._waves for t in w.tickets]
             kv = sum(t.kv_bytes for t in tickets)
+            # KV in use against unshared counts the waves past their prefill on both sides: an admitted wave
+            # references (or leases) its pool blocks before its tokens are counted
+            started = [w for w in self._waves if w.started]
+            blocks = {id(b): b for w in started for b in w.decoding.pool_blocks()}  # each block once
             return EngineStats(len(tickets), len(self._waiting), self._reserved, kv, self.pool.nbytes,
                                self.pool.total_refs(), self._peak_in_flight, self._peak_reserved,
-                               self._forwards, self._rounds, self._finishing, self.pool.used_bytes(),
-                               sum(t.full_bytes for t in tickets))
+                               self._forwards, self._rounds, self._finishing,
+                               sum(b.nbytes for b in blocks.values()),
+                               sum(t.full_bytes for w in started for t in w.tickets))
 
     def close(self) -> None:
         with self._lock:
@@ -351,26 +362,31 @@ class Engine:
         placed: set[int] = set()
         by_task = self.lm.family.encoder_decoder  # its 对下联 rows feed no 上联: a wave of one task
         taken, reserve = 0, 0  # planned first: nothing is admitted if the round is too small (min_wave)
-        for t in self._waiting:
-            if id(t) in placed:
-                continue
-            family = same.get(t.prompt_id) if t.prompt_id is not None else None
-            if family is not None and len(family) >= self.config.prefix_wave:
-                rows = [x for x in family if id(x) not in placed][: self.config.max_batch]
-                planned = self._prompt_wave(rows, self.budget - self._reserved - reserve)
-                if planned is not None:
-                    own.append(planned)
-                    placed.update(id(x) for x in planned[0])
-                    taken, reserve = taken + len(planned[0]), reserve + len(planned[0]) * planned[2]
+        try:
+            for t in self._waiting:
+                if id(t) in placed:
                     continue
-            group = new.setdefault((t.mode, t.prep.length, by_task and t.prep.duixia), [])
-            before = len(group) * max((g.reserve_prefill for g in group), default=0)
-            after = (len(group) + 1) * max([t.reserve_prefill, *(g.reserve_prefill for g in group)])
-            if len(group) >= self.config.max_batch or self._reserved + reserve + after - before > self.budget:
-                break
-            group.append(t)
-            placed.add(id(t))
-            taken, reserve = taken + 1, reserve + after - before
+                family = same.get(t.prompt_id) if t.prompt_id is not None else None
+                if family is not None and len(family) >= self.config.prefix_wave:
+                    rows = [x for x in family if id(x) not in placed][: self.config.max_batch]
+                    planned = self._prompt_wave(rows, self.budget - self._reserved - reserve)
+                    if planned is not None:
+                        own.append(planned)
+                        placed.update(id(x) for x in planned[0])
+                        taken, reserve = taken + len(planned[0]), reserve + len(planned[0]) * planned[2]
+                        continue
+                group = new.setdefault((t.mode, t.prep.length, by_task and t.prep.duixia), [])
+                before = len(group) * max((g.reserve_prefill for g in group), default=0)
+                after = (len(group) + 1) * max([t.reserve_prefill, *(g.reserve_prefill for g in group)])
+                if len(group) >= self.config.max_batch or self._reserved + reserve + after - before > self.budget:
+                    break
+                group.append(t)
+                placed.add(id(t))
+                taken, reserve = taken + 1, reserve + after - before
+        except BaseException:  # nothing admitted: the leases taken for this round's cache-aware waves go back
+            for planned in own:
+                self.pool.end_lease(planned[1])
+            raise
         if self._waves and taken < min(self.config.wave_floor, len(self._waiting)):
             for planned in own:
                 self.pool.end_lease(planned[1])
@@ -570,6 +586,8 @@ class Engine:
     def _finish(self, wave: Wave, error: BaseException | None, last: list[Progress] | None = None) -> None:
         """The wave is over: its cache closed, its reservation returned. With `last` (it wrote its couplets) the
         rows still wanted go to the finisher for their 横批; every other ticket ends here, with `error`."""
+        with self._lock:  # out of `stats()` first: its tickets' bytes and its pool blocks leave together
+            self._waves.remove(wave)
         wave.decoding.close()
         if wave.lease is not None:  # ended before its prefill
             self.pool.end_lease(wave.lease)
@@ -578,7 +596,6 @@ class Engine:
         # its couplets written (a failed or abandoned wave wrote none)
         makers = {} if last is None else {r: wave.decoding.finisher(r) for r in rows}
         with self._lock:
-            self._waves.remove(wave)
             handed = self._end_rows(wave, rows, makers, last, error)
         for item in handed:
             self._to_finish.put(item)
@@ -602,12 +619,16 @@ class Engine:
             self._finishing -= 1
 
     def _fail_all(self, error: BaseException) -> None:
+        """Under the lock: every admitted and waiting request ends with `error`, and what the admitted ones held
+        (caches, pool references and leases, reservations) is returned, so that the engine serves on."""
         for wave in list(self._waves):
             wave.decoding.close()
             if wave.lease is not None:
                 self.pool.end_lease(wave.lease)
                 wave.lease = None
             for t in wave.tickets:
+                self._reserved -= t.reserved
+                t.reserved = t.kv_bytes = t.full_bytes = 0
                 t.events.put(error)
         for t in self._waiting:
             t.events.put(error)

@@ -26,6 +26,7 @@ from couplet.constraints import LineConstraints
 from couplet.events import CoupletResult, StepRecord
 from couplet.hengpi import choose_hengpi
 from couplet.kvcache import PrefixPool, make_mode
+from couplet.kvcache.pool import Block
 from couplet.lexicon import DEFAULT_VOICE, VoiceConfig
 from couplet.model import LoadedModel
 from couplet.placement import Placement, couplet_protection, place_keywords
@@ -272,6 +273,10 @@ class Decoding:
 
     def close(self) -> None:
         self.session.close()
+
+    def pool_blocks(self) -> list[Block]:
+        """The prefix pool's blocks this batch references, each once (none without a pool)."""
+        return self.session.sharing.referenced() if self.session.sharing is not None else []
 
     def prefill(self, chunk: int | None = None) -> list[Progress] | None:
         """Feed the prompts (left-padded to the longest). With `chunk`, a plain cache's prefill goes at most that

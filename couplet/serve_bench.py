@@ -202,7 +202,7 @@ def run_mode(lm: LoadedModel, mode: str, budget_mb: float, cfg: ServeConfig, typ
         # what the admitted visitors' caches and the pool blocks they use hold, against the same tokens in
         # unshared `full` caches, summed over the samples: the memory in use at any moment, time-weighted
         # (the pool's unreferenced blocks are cache, evictable on demand: not counted, as vLLM's usage gauge)
-        "resident_kv_ratio": in_use / unshared if unshared else 0.0,
+        "in_use_kv_ratio": in_use / unshared if unshared else None,  # None: no sample saw a request decoding
         "kv_per_request_bytes": statistics.fmean(per_request),
         "prompt_kv_ratio": statistics.fmean(ratio for _, ratio in prompt_kv),
         "prompt_kv_by_popularity": prompt_kv_by_popularity(typed, prompt_kv),
@@ -336,7 +336,7 @@ def markdown(out: dict) -> str:
             if r.get("vllm_bench_serve"):
                 own.append((mode, r["vllm_bench_serve"]))
             prompt_kv = f"{r['prompt_kv_ratio']:.0%}" if "prompt_kv_ratio" in r else "—"  # a server: not seen
-            in_use = f"{r['resident_kv_ratio']:.1%}" if "resident_kv_ratio" in r else "—"
+            in_use = f"{r['in_use_kv_ratio']:.1%}" if r.get("in_use_kv_ratio") is not None else "—"
             generation = f"{r['generation_tok_s']:.0f}, {r['generation_ratio']:.2f}×" if "generation_ratio" in r \
                 else "—"  # a server's rows: no 横批 chosen, their tok/s is already the couplets' own
             lines.append(

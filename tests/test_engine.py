@@ -283,6 +283,73 @@ def test_a_failed_join_reaches_both_batches_and_the_engine_serves_on(embedded_lm
         assert list(engine.submit(CoupletRequest("平安"), "full"))[-1].result is not None
 
 
+def test_a_failed_admission_reaches_everyone_and_gives_back_what_was_held(embedded_lm, monkeypatch) -> None:
+    """Fault injection (a pool failing to lease cannot be provoked): in one admission round, the first
+    cache-aware wave gets its lease and the second's lease raises. The running wave and the waiting visitors
+    all hear of it; the running wave's reservation and the first wave's lease come back; the engine serves on."""
+    from couplet.kvcache.pool import PrefixPool
+
+    lease, calls = PrefixPool.lease, []
+
+    def second_fails(self, keys, block_bytes):
+        calls.append(keys)
+        if len(calls) == 2:
+            raise RuntimeError("lease failed (injected)")
+        return lease(self, keys, block_bytes)
+
+    with Engine(embedded_lm, EngineConfig(kv_budget_mb=64, pool_mb=8)) as engine:
+        stream = iter(engine.submit(CoupletRequest("龙马精神"), "full"))
+        next(stream)  # admitted and prefilled: it holds a reservation
+        monkeypatch.setattr(PrefixPool, "lease", second_fails)
+        with engine._lock:  # the worker waits for the lock: one admission round sees all eight
+            tickets = [engine.submit(CoupletRequest(kw), "shared") for kw in ["春风"] * 4 + ["平安"] * 4]
+        for t in (stream, *tickets):
+            with pytest.raises(RuntimeError, match="injected"):
+                list(t)
+        monkeypatch.undo()
+        wait_idle(engine)
+        st = engine.stats()
+        assert len(calls) == 2 and st.reserved_bytes == 0 and st.kv_bytes == 0
+        assert st.pool_refs == 0 and engine.pool.leased == 0  # the first wave's lease pinned nothing for good
+        assert list(engine.submit(CoupletRequest("平安"), "shared"))[-1].result is not None
+
+
+def test_kv_in_use_counts_the_rows_past_their_prefill_and_each_pool_block_once(embedded_lm, monkeypatch) -> None:
+    """`stats()`'s KV in use against unshared (the benchmark's `in_use_kv_ratio`, the page's live line): a
+    cache-aware wave of four rows of a prompt the pool holds. Before its prefill it pins those blocks but has
+    no tokens, so neither side counts it; at every step the pool blocks its rows all reference count once,
+    not four times. (The two wrappers look at the stats, then call the real prefill and step.)"""
+    from couplet.generate import Decoding
+
+    before, during = [], []
+    prefill, step = Decoding.prefill, Decoding.step
+    monkeypatch.setattr(Decoding, "prefill", lambda self, *a: (before.append(engine.stats()), prefill(self, *a))[1])
+    monkeypatch.setattr(Decoding, "step", lambda self: (during.append(engine.stats()), step(self))[1])
+    with Engine(embedded_lm, EngineConfig(kv_budget_mb=64, pool_mb=8)) as engine:
+        list(engine.submit(CoupletRequest("春风"), "shared"))  # the prompt's blocks in the pool, as cache
+        before.clear(), during.clear()
+        with engine._lock:  # one admission round: the four make one cache-aware wave, leasing those blocks
+            tickets = [engine.submit(CoupletRequest("春风"), "shared") for _ in range(4)]
+        results = [list(t)[-1].result for t in tickets]
+    assert all(r is not None for r in results) and len(before) == 1 and len(during) >= 10
+    assert before[0].pool_used_bytes == before[0].full_bytes == 0 < before[0].reserved_bytes
+    for st in during:
+        assert st.in_flight == 4 and st.pool_used_bytes == st.pool_bytes > 0  # the prompt's blocks, once
+        assert st.kv_bytes + st.pool_used_bytes < 0.5 * st.full_bytes  # four rows, one prompt held
+
+
+def test_a_stream_with_a_refused_mode_cancels_the_modes_already_queued(embedded_lm) -> None:
+    """`stream` submits its modes one by one: when one is refused, those already queued are cancelled before
+    the error reaches the caller, and no forward is run for a visitor who was told no."""
+    with Engine(embedded_lm, EngineConfig(kv_budget_mb=64, pool_mb=8)) as engine:
+        with engine._lock:  # the worker cannot admit the first two before the third is refused
+            with pytest.raises(ValueError, match="unknown mode"):
+                list(engine.stream(CoupletRequest("龙马精神"), ["full", "int8", "no-such-mode"]))
+        wait_idle(engine)
+        st = engine.stats()
+        assert st.forwards == 0 and st.reserved_bytes == 0 and st.peak_in_flight == 0
+
+
 def test_a_visitor_leaving_a_wave_that_fills_the_budget_never_raises_what_the_others_reserve(embedded_lm) -> None:
     """A wave of 24 that fills the budget to the byte; one visitor leaves after the prefill and is dropped from
     the batch. The rows left are recounted (their line breaks fall at one step: one extra slot, not one per

@@ -44,7 +44,7 @@ def test_serve_reports_every_figure_per_mode(tiny_checkpoint, tmp_path, capsys) 
     assert full >= 0.999 and shared < 0.9 * full and int4 < 0.4 * full
     # the memory in use against the same tokens unshared, sampled while they run: all of it for `full` (its
     # padding on top), less for `shared` (a pool block counted once, however many reference it) and `int4`
-    full, shared, int4 = (out["modes"][m]["resident_kv_ratio"] for m in ("full", "shared", "int4"))
+    full, shared, int4 = (out["modes"][m]["in_use_kv_ratio"] for m in ("full", "shared", "int4"))
     assert full >= 1.0 and shared < 0.9 and int4 < 0.4, (full, shared, int4)
     # the same figure by how many visitors typed the keywords: every visitor lands in one bucket
     for mode, r in out["modes"].items():

@@ -94,12 +94,6 @@ class PrefixPool:
         with self._lock:
             return sum(b.refs + b.pins for b in self._blocks.values())
 
-    def used_bytes(self) -> int:
-        """The storage of the blocks some request references or a lease pins; the rest (`nbytes` less this) is
-        cache kept for later visitors, evicted whenever room is needed, so not memory anyone is using."""
-        with self._lock:
-            return sum(b.nbytes for b in self._blocks.values() if b.refs or b.pins)
-
     def acquire_prefix(self, keys: Sequence[bytes]) -> list[Block]:
         """Reference the longest run of `keys` present from the start (a cache hit), atomically."""
         with self._lock:

@@ -66,6 +66,10 @@ class Sharing:
         """This row's share of the pool blocks it references."""
         return round(sum(blk.nbytes / blk.refs for blk in self.blocks[row] if blk.refs)) if self.blocks else 0
 
+    def referenced(self) -> list[Block]:
+        """The distinct pool blocks its rows reference (rows of one prompt reference the same ones)."""
+        return list({id(b): b for row in self.blocks for b in row}.values())
+
     # ---- the two calls ----
     def attach(self, s: ModeSession, input_ids: torch.Tensor, flags: Flags) -> tuple[torch.Tensor, Flags]:
         """Reference the longest prefix of whole blocks every row finds in the pool; return what is left to feed.

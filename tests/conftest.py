@@ -63,6 +63,7 @@ def live_app():
 
     threads = torch.get_num_threads()  # build_app sets the serving thread count; give the next module its own
     demo = app.serve(port=0)
+    app.warmed.wait(120)  # its start-up couplet written, as before a real visitor comes (tested in test_app_api)
     try:
         yield demo.local_url
     finally:

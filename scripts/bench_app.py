@@ -72,6 +72,7 @@ def launch() -> tuple[object, str]:
     import app
 
     demo = app.serve(port=0)
+    app.warmed.wait(120)  # its start-up couplet written first, as before any real visitor
     return demo, demo.local_url
 
 

@@ -286,13 +286,15 @@ class Engine:
                                sum(b.nbytes for b in blocks.values()),
                                sum(t.full_bytes for w in started for t in w.tickets))
 
-    def close(self) -> None:
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop: every request not yet written ends with an error; rows already written still get their 横批.
+        Waits up to `timeout` for each thread; a worker still inside a long forward stops after it, and the
+        finisher after the rows that forward hands over."""
         with self._lock:
             self._closed = True
             self._lock.notify_all()
-        self._worker.join(timeout=30)
-        self._to_finish.put(None)  # after what the worker handed over: those rows are still finished
-        self._finisher.join(timeout=30)
+        self._worker.join(timeout=timeout)
+        self._finisher.join(timeout=timeout)
 
     def __enter__(self) -> Engine:
         return self
@@ -302,6 +304,12 @@ class Engine:
 
     # ---- the worker ----
     def _run(self) -> None:
+        try:
+            self._serve()
+        finally:  # the finisher's stop comes from here, after every row the worker handed over: those still end
+            self._to_finish.put(None)
+
+    def _serve(self) -> None:
         while True:
             with self._lock:
                 while not self._closed and not self._waves and not self._waiting and self._to_finish.empty():
@@ -332,7 +340,7 @@ class Engine:
             item = self._to_finish.get_nowait()
         except queue.Empty:  # the finisher took the last one
             return
-        if item is None:  # the finisher's stop (not put while the worker runs): leave it for the finisher
+        if item is None:  # the finisher's stop (the worker puts it only as it exits): leave it for the finisher
             self._to_finish.put(None)
             return
         self._finish_row(*item)

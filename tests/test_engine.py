@@ -338,6 +338,37 @@ def test_kv_in_use_counts_the_rows_past_their_prefill_and_each_pool_block_once(e
         assert st.kv_bytes + st.pool_used_bytes < 0.5 * st.full_bytes  # four rows, one prompt held
 
 
+def test_closing_during_a_long_last_forward_still_ends_every_stream(embedded_lm, monkeypatch) -> None:
+    """`close()` gives up waiting while the worker is still inside a wave's last step (a slow forward,
+    injected: it waits after the real step until released). The row that step writes is handed to the
+    finisher after `close()` returned: it still gets its 横批 and its stream ends, never left waiting."""
+    import threading
+
+    from couplet.generate import Decoding
+
+    step, inside, release = Decoding.step, threading.Event(), threading.Event()
+
+    def slow_last_step(self):
+        out = step(self)
+        if self.done:
+            inside.set()
+            release.wait(30)
+        return out
+
+    monkeypatch.setattr(Decoding, "step", slow_last_step)
+    engine = Engine(embedded_lm, EngineConfig(kv_budget_mb=64, pool_mb=8))
+    ticket = engine.submit(CoupletRequest("春风"), "full")
+    assert inside.wait(30)
+    engine.close(timeout=0.1)  # returns with the worker still in its forward
+    release.set()
+    got: list = []
+    reader = threading.Thread(target=lambda: got.extend(ticket), daemon=True)
+    reader.start()
+    reader.join(30)
+    assert not reader.is_alive(), "the stream was left waiting"
+    assert got and got[-1].result is not None and got[-1].result.hengpi
+
+
 def test_a_stream_with_a_refused_mode_cancels_the_modes_already_queued(embedded_lm) -> None:
     """`stream` submits its modes one by one: when one is refused, those already queued are cancelled before
     the error reaches the caller, and no forward is run for a visitor who was told no."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import os
 import sys
 import threading
@@ -38,7 +39,7 @@ from couplet.printing import PAPERS_MM, PrintConfig, font_ttf, print_set
 from couplet.serving import VLLM_MODE, BackendConfig, BackendError, free_port
 from couplet.serving.vllm_client import EngineGauges, VllmClient
 from couplet.serving.vllm_client import decode as remote_decode
-from couplet.share import ShareLink, parse_query, share_url
+from couplet.share import MAX_SEED, MAX_TEMPERATURE, ShareLink, parse_query, share_url
 from couplet.text import CoupletInputError, visitor_part
 from couplet.view import (
     about_markdown,
@@ -186,6 +187,12 @@ def _stream(make_request, temperature: float, seed: float, year: float, modes: l
         label = year_label(DEFAULT_YEAR)
         notice = sentences([notice, f"年份须在 {MIN_YEAR}–{MAX_YEAR} 之间，已改用 {DEFAULT_YEAR} 年。"])
         gr.Warning(notice)
+    temperature, seed, fixed = _sampling_or_defaults(temperature, seed)
+    if fixed:
+        notice = sentences([notice, *fixed])
+        gr.Warning(sentences(fixed))
+    if not any(m in offered_modes() for m in modes or []):
+        notice = sentences([notice, "未选择缓存模式，已用完整缓存（full）。"])
     modes = ticked(modes)
     # what this family cannot run in-process
     refusals = {m: why for m in modes if m in MODES and (why := model().family.mode_refusal(m))}
@@ -210,7 +217,7 @@ def _stream(make_request, temperature: float, seed: float, year: float, modes: l
     others = {VLLM_MODE: served} if client and VLLM_MODE in modes else {}
     gauges: dict[int, EngineGauges] = {}  # the server's gauges as the vLLM request's steps arrived
     try:
-        request = make_request(float(temperature or 0.0), int(seed or 0))
+        request = make_request(temperature, seed)
         for state in engine().stream(request, local, remote=others):
             live = [m for m in modes if m in local or (m in others and not failed)]
             shown = "full" if "full" in live else live[0]
@@ -236,11 +243,11 @@ def _stream(make_request, temperature: float, seed: float, year: float, modes: l
     except CoupletInputError as e:
         gr.Warning(visitor_part(e))
         yield _outputs(render_gate("", "", "", year_label=label, opened=False, message=visitor_part(e)),
-                       checks_html(None, sentences([str(e), notice])), {}, modes_table_html({}), [])
-    except (ValueError, OverflowError) as e:
+                       checks_html(None, sentences([visitor_part(e), notice])), {}, modes_table_html({}), [])
+    except (ValueError, OverflowError, TypeError):  # a value no widget sends (the API): never its English text
         gr.Warning("参数有误，请检查后重试。")
         yield _outputs(render_gate("", "", "", year_label=label, opened=False, message="参数有误，请检查后重试。"),
-                       checks_html(None, f"参数有误：{e}"), {}, modes_table_html({}), [])
+                       checks_html(None, sentences(["参数有误，请检查后重试", notice])), {}, modes_table_html({}), [])
 
 
 def ticked(modes: list[str] | None) -> list[str]:
@@ -249,6 +256,27 @@ def ticked(modes: list[str] | None) -> list[str]:
 
 
 SKIP6 = (gr.skip(),) * 6  # a step that leaves the six outputs of a couplet stream as they are
+
+
+def _sampling_or_defaults(temperature: object, seed: object) -> tuple[float, int, list[str]]:
+    """Temperature in [0, MAX_TEMPERATURE] and seed a whole number in [0, MAX_SEED] (the share link's ranges,
+    so that a link writes the couplet on screen), or their defaults with a note for the visitor."""
+    said = []
+    try:
+        t = float(temperature or 0.0)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        t = math.nan
+    if not 0.0 <= t <= MAX_TEMPERATURE:  # NaN fails too
+        said.append(f"温度须在 0–{MAX_TEMPERATURE:g} 之间，已改用 0（贪心）。")
+        t = 0.0
+    try:
+        s = float(seed or 0)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        s = math.nan
+    if not (0 <= s <= MAX_SEED and s == int(s)):  # NaN fails too (and int() is never reached for it)
+        said.append(f"随机种子须为 0–{MAX_SEED} 的整数，已改用 0。")
+        s = 0
+    return t, int(s), said
 
 
 def _year_or_default(year: float) -> int:
@@ -272,7 +300,7 @@ def open_link(request: gr.Request) -> tuple:
 def write_from_link(state: dict | None) -> Iterator[tuple]:
     """Write the link's couplet at once (a refused keyword gets the form's message); no couplet: nothing."""
     link = ShareLink(**state) if state else ShareLink()
-    notice = "；".join(link.notes)
+    notice = sentences(link.notes)
     if link.task == "keywords":
         yield from _stream(lambda t, s: CoupletRequest(link.keywords, link.length, link.acrostic, t,
                                                        1.0 if not t else 0.9, s),
@@ -425,7 +453,7 @@ def build_app() -> gr.Blocks:
                         duixia_button = gr.Button("对下联", variant="primary", elem_id="duixia-btn")
                 # open on desktop; folded on a phone by FOLD_ON_PHONE_JS
                 with gr.Accordion("更多设置", open=True, elem_id="more-settings"):
-                    temperature = gr.Slider(0, 1.5, value=0, step=0.05, label="温度（0 为贪心）",
+                    temperature = gr.Slider(0, MAX_TEMPERATURE, value=0, step=0.05, label="温度（0 为贪心）",
                                             elem_id="temperature")
                     with gr.Row():
                         seed = gr.Number(0, precision=0, label="随机种子", elem_id="seed")

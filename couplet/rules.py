@@ -86,7 +86,7 @@ def check_couplet(upper: str, lower: str, hengpi: str = "", keywords: str = "",
                        f"{low_tone or '轻声'}（应上仄下平）"}
     text = upper + lower + hengpi
     missing = [c for c in dict.fromkeys(keywords) if c not in text]
-    checks["keywords"] = {"ok": not missing, "missing": missing,
+    checks["keywords"] = {"ok": not missing, "missing": missing, "applies": bool(keywords),  # 对下联: none
                           "message": f"关键词「{keywords}」均已嵌入" if not missing else
                           f"缺少关键词：{''.join(missing)}"}
     same = [i + 1 for i, (a, b) in enumerate(zip(upper, lower, strict=False)) if a == b]

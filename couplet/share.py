@@ -62,16 +62,20 @@ class ShareLink:
 
 def _number(raw: str, kind: type, low: float, high: float, name: str, default, notes: list[str]):
     try:
-        value = kind(raw)
-        if isinstance(value, float) and not math.isfinite(value):
+        value = float(raw)
+        if not math.isfinite(value):
             raise ValueError
     except (TypeError, ValueError, OverflowError):
         notes.append(f"链接中的{name}「{raw}」不是数字，已用默认值 {default}。")
         return default
-    if not low <= value <= high:
-        notes.append(f"链接中的{name} {raw} 超出 {low:g}–{high:g}，已用默认值 {default}。")
+    if kind is int and value != int(value):
+        notes.append(f"链接中的{name}「{raw}」不是整数，已用默认值 {default}。")
         return default
-    return value
+    if not low <= value <= high:
+        bounds = f"{int(low)}–{int(high)}" if kind is int else f"{low:g}–{high:g}"  # 2147483647, not 2.14748e+09
+        notes.append(f"链接中的{name} {raw} 超出 {bounds}，已用默认值 {default}。")
+        return default
+    return kind(value)
 
 
 def parse_query(params: Mapping[str, str]) -> ShareLink:

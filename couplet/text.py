@@ -13,7 +13,9 @@ from functools import lru_cache
 
 MAX_KEYWORDS = 8
 
-# CJK Unified Ideographs and Extension A; the model's vocabulary lives entirely inside these.
+# CJK Unified Ideographs and Extension A: the characters a visitor's text keeps and the decoder may write
+# (`vocab.py`). Not the supplementary planes' extensions: the embedded vocabulary holds 112 of those from the
+# corpus, which the decoder never writes, so the shipped font need not show them.
 _HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
 
 
@@ -57,8 +59,9 @@ def _fold(raw: str) -> tuple[str, list[str]]:
         notes.append("已将繁体字转换为简体：" + "、".join(converted))
     han = "".join(ch for ch in simplified if is_han(ch))
     dropped = "".join(dict.fromkeys(ch for ch in simplified if not is_han(ch) and not ch.isspace()))
-    if dropped:
-        notes.append(f"已忽略非汉字字符：{dropped}")
+    if dropped:  # an invisible one (zero-width space, a control character) is named by its code point
+        shown = "".join(ch if ch.isprintable() else f"〔U+{ord(ch):04X}〕" for ch in dropped)
+        notes.append(f"已忽略非汉字字符：{shown}")
     return han, notes
 
 

@@ -41,7 +41,7 @@ def checks_html(result: CoupletResult | None, message: str = "") -> str:
         items = "".join(
             f'<li class="{"ok" if c[k]["ok"] else "bad"}"><b>{label}</b> {"✓" if c[k]["ok"] else "✗"} '
             f'{escape(c[k]["message"])}</li>'
-            for k, label in CHECK_LABELS.items()
+            for k, label in CHECK_LABELS.items() if c[k].get("applies", True)  # 对下联 has no keywords to embed
         )
         par = c["parallelism"]
         items += f'<li class="score"><b>对仗</b> {escape(par["message"])}</li>'

@@ -279,6 +279,25 @@ def duixia(client: Client, upper: str, temperature: float = 0.0, seed: int = 0,
     return client.predict(upper, temperature, seed, DEFAULT_YEAR, list(modes or ["full"]), api_name="/duixia")
 
 
+@pytest.mark.parametrize("temperature,seed,note", [
+    (0.7, 20_000_000_000_000, "随机种子须为 0–2147483647 的整数，已改用 0"),  # overflowed the sampler's noise
+    (0.7, -5, "随机种子须为 0–2147483647 的整数，已改用 0"),  # a share link refuses it: the same couplet either way
+], ids=["huge-seed", "negative-seed"])
+def test_a_seed_out_of_range_is_replaced_with_a_chinese_note(client, temperature, seed, note):
+    out = couplet(client, "龙马精神", temperature=temperature, seed=seed, modes=["full"])
+    assert note in _text(out[CHECKS]) and gate_state(out[GATE]) == "open"
+    again = couplet(client, "龙马精神", temperature=temperature, seed=0, modes=["full"])
+    assert [(r["upper"], r["lower"]) for r in out[RESULTS]] == [(r["upper"], r["lower"]) for r in again[RESULTS]]
+
+
+def test_refusals_and_notes_show_their_chinese_part_only(client):
+    out = couplet(client, "hello", modes=[])  # refused: the checks show what the gate shows, no English
+    assert "关键词里没有汉字" in _text(out[CHECKS]) and "(" not in _text(out[CHECKS])
+    out = couplet(client, "春风", modes=[])  # no mode ticked: full, and the visitor is told
+    assert [r["mode"] for r in out[RESULTS]] == ["full"]
+    assert "未选择缓存模式，已用完整缓存（full）" in _text(out[CHECKS])
+
+
 def test_duixia_writes_the_lower_line_with_every_mode(client):
     out = duixia(client, "春回大地千山秀", modes=ALL_MODES)
     results = out[RESULTS]
@@ -291,6 +310,7 @@ def test_duixia_writes_the_lower_line_with_every_mode(client):
     upper, lower, _ = gate_lines(out[GATE])
     assert (upper, lower) == (results[0]["upper"], results[0]["lower"])
     assert set(plot_traces(out[KV_PLOT])) == {*ALL_MODES, "full-equivalent"}
+    assert "关键词" not in _text(out[CHECKS])  # 对下联 embeds none: no keyword row
     # the exemplars the prompt showed, folded under the checks, and never copied
     assert '<details class="exemplars">' in out[CHECKS] and "参考古联" in out[CHECKS]
     for u, lo in results[0]["exemplars"]:

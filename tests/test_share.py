@@ -44,6 +44,8 @@ def test_no_couplet_in_the_link_writes_nothing():
     ({"kw": "春", "t": "9"}, "temperature", 0.0, "温度 9 超出 0–1.5"),
     ({"kw": "春", "seed": "abc"}, "seed", 0, "随机种子「abc」不是数字"),
     ({"kw": "春", "seed": "-1"}, "seed", 0, "随机种子 -1 超出"),
+    ({"kw": "春", "seed": "2147483648"}, "seed", 0, "随机种子 2147483648 超出 0–2147483647"),  # not 2.14748e+09
+    ({"kw": "春", "seed": "12.5"}, "seed", 0, "随机种子「12.5」不是整数"),
     ({"kw": "春", "year": "1066"}, "year", DEFAULT_YEAR, "年份 1066 超出 1900–2100"),
     ({"kw": "春", "modes": "full,turbo"}, "modes", list(MODES), "未知的缓存模式"),
 ])

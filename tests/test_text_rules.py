@@ -32,6 +32,11 @@ def test_unknown_characters_are_reported_not_dropped():
     assert any("犇" in n for n in kw.notes)
 
 
+def test_invisible_characters_dropped_are_named_by_code_point():
+    kw = normalize_keywords("春\u200b风\x00")  # a zero-width space and a NUL: dropped, and the note shows them
+    assert kw.text == "春风" and "已忽略非汉字字符：〔U+200B〕〔U+0000〕" in kw.notes
+
+
 def test_tone_classes_from_pypinyin():
     assert tone_class("春") == LEVEL and tone_class("门") == LEVEL
     assert tone_class("福") == LEVEL  # modern reading fú (新声韵), not the classical entering tone

@@ -28,14 +28,14 @@ import torch
 from couplet.calendar import DEFAULT_YEAR, MAX_YEAR, MIN_YEAR, year_label
 from couplet.charts import engine_figure, kv_figure, memory_figure, sweep_figure
 from couplet.engine import Engine, EngineBusy, EngineConfig
-from couplet.events import StepRecord
+from couplet.events import CoupletResult, StepRecord
 from couplet.exemplars import load_store
 from couplet.gate import ASSETS_DIR, FONT_PATH, gate_css, render_gate
 from couplet.generate import CoupletRequest
 from couplet.kvcache import MODE_INFO, MODES
 from couplet.kvcache.layer import KVGeometry
 from couplet.model import LoadedModel, load_model_or_embedded
-from couplet.printing import PAPERS_MM, PrintConfig, font_ttf, print_set
+from couplet.printing import PAPERS_MM, PrintConfig, glyphs, print_set
 from couplet.serving import VLLM_MODE, BackendConfig, BackendError, free_port
 from couplet.serving.vllm_client import EngineGauges, VllmClient
 from couplet.serving.vllm_client import decode as remote_decode
@@ -227,6 +227,8 @@ def _stream(make_request, temperature: float, seed: float, year: float, modes: l
             if (progress := state.latest.get(VLLM_MODE)) is not None and (g := getattr(progress, "gauges", None)):
                 gauges[progress.record.step] = g
             said = sentences([notice, *failed])
+            if done:  # a keyword the model does not know may be one the print font lacks too: say so now
+                said = sentences([said, unprintable_note(results[shown])])
             length = len(p.upper) if request.task == "duixia" else request.length
             gate = render_gate(p.upper, p.lower, results[shown].hengpi if done else "", year_label=label,
                                opened=done, pending=not done, length=length)
@@ -248,6 +250,13 @@ def _stream(make_request, temperature: float, seed: float, year: float, modes: l
         gr.Warning("参数有误，请检查后重试。")
         yield _outputs(render_gate("", "", "", year_label=label, opened=False, message="参数有误，请检查后重试。"),
                        checks_html(None, sentences(["参数有误，请检查后重试", notice])), {}, modes_table_html({}), [])
+
+
+def unprintable_note(result: CoupletResult) -> str:
+    """The characters of a written couplet the print font lacks (a keyword such as 囍 that the model does not
+    know either), told when the couplet appears rather than when 下载春联 refuses it; "" when all print."""
+    missing = "".join(dict.fromkeys(c for c in result.upper + result.lower + result.hengpi if not glyphs().has(c)))
+    return f"字库里没有「{missing}」，此联可在页面上看，但无法下载打印。" if missing else ""
 
 
 def ticked(modes: list[str] | None) -> list[str]:
@@ -416,7 +425,7 @@ def warm_up() -> None:
 
 def build_app() -> gr.Blocks:
     torch.set_num_threads(TORCH_THREADS)
-    threading.Thread(target=font_ttf, daemon=True).start()  # the print font (seconds, once per machine)
+    threading.Thread(target=glyphs, daemon=True).start()  # the print font and its cmap (seconds, once)
     lm = model()
     load_store()  # the exemplar index (~5 s to build): at start-up, not on the first visitor's request
     engine()  # its worker thread waits for the first visitor

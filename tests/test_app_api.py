@@ -298,6 +298,14 @@ def test_refusals_and_notes_show_their_chinese_part_only(client):
     assert "未选择缓存模式，已用完整缓存（full）" in _text(out[CHECKS])
 
 
+def test_a_character_the_print_font_lacks_is_told_when_the_couplet_appears(client):
+    out = couplet(client, "囍", modes=["full"])  # unknown to the model and absent from the shipped font
+    checks = _text(out[CHECKS])
+    assert gate_state(out[GATE]) == "open" and "模型字表中没有「囍」" in checks
+    assert "字库里没有「囍」，此联可在页面上看，但无法下载打印" in checks
+    assert "字库里没有" not in _text(couplet(client, "春风", modes=["full"])[CHECKS])  # every character prints
+
+
 def test_duixia_writes_the_lower_line_with_every_mode(client):
     out = duixia(client, "春回大地千山秀", modes=ALL_MODES)
     results = out[RESULTS]

@@ -109,7 +109,9 @@ def prepare(lm: LoadedModel, request: CoupletRequest, prompt: PromptConfig = DEF
     placement = place_keywords(kw.text, request.length, "acrostic" if request.acrostic else "heads")
     context = lm.family.context(kw.text, request.length, prompt)
     ids, keyword_positions = lm.family.prompt(kw.text, request.length, context)
-    return Prepared(request, kw, placement, context, ids, request.length, voice, LEVEL, tuple(kw.notes),
+    notes = [*kw.notes, *(["藏头只有一个字：藏在上联句首，下联句首由模型自由对出。"]
+                          if request.acrostic and len(kw.text) == 1 else [])]
+    return Prepared(request, kw, placement, context, ids, request.length, voice, LEVEL, tuple(notes),
                     tuple(keyword_positions))
 
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from couplet.generate import CoupletRequest, generate, stream_modes
+from couplet.generate import CoupletRequest, generate, prepare, stream_modes
 from couplet.kvcache import MODE_INFO, MODES
 from couplet.text import CoupletInputError
 from couplet.tones import LEVEL, OBLIQUE, tone_class
@@ -42,6 +42,13 @@ def test_greedy_is_deterministic_and_sampling_follows_the_seed(tiny_lm):
     others = {(generate(tiny_lm, CoupletRequest("春", temperature=1.0, seed=s)).upper) for s in range(2, 6)}
     assert (s1.upper, s1.lower) == (s1_again.upper, s1_again.lower)
     assert len(others | {s1.upper}) > 1
+
+
+def test_acrostic_with_one_keyword_says_where_it_went(tiny_lm):
+    prep = prepare(tiny_lm, CoupletRequest("春", acrostic=True))
+    assert prep.placement.upper == {0: "春"} and prep.placement.lower == {}
+    assert any("藏头只有一个字" in n for n in prep.notes)
+    assert not any("藏头" in n for n in prepare(tiny_lm, CoupletRequest("春风", acrostic=True)).notes)
 
 
 def test_unknown_keyword_character_is_kept_and_reported(tiny_lm):

@@ -253,8 +253,9 @@ def _stream(make_request, temperature: float, seed: float, year: float, modes: l
 
 
 def unprintable_note(result: CoupletResult) -> str:
-    """The characters of a written couplet the print font lacks (a keyword such as 囍 that the model does not
-    know either), told when the couplet appears rather than when 下载春联 refuses it; "" when all print."""
+    """The characters of a written couplet the print font lacks (a keyword such as U+56CD, double happiness,
+    that the model does not know either), told when the couplet appears rather than when 下载春联 refuses it;
+    "" when all print."""
     missing = "".join(dict.fromkeys(c for c in result.upper + result.lower + result.hengpi if not glyphs().has(c)))
     return f"字库里没有「{missing}」，此联可在页面上看，但无法下载打印。" if missing else ""
 

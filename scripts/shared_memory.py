@@ -14,8 +14,10 @@ unshared `full` caches it splits what they hold into:
   last block, the padding of a mixed wave),
 - their own decode slots (the characters written so far, padding included).
 
-Summed over the samples (time-weighted), each part's share of the unshared bytes; the first three are the
-prompt's. A measurement script, not a test: it reads the engine's internals under its lock.
+Summed over the samples (time-weighted), and at the sample with the most tokens in flight: the prompt's
+three parts against the same prompts unshared, the decode slots and the total against all tokens unshared.
+Nothing else holds KV between steps: a wave's decoded copy of its common prefix (cascade attention) lives for
+one layer's attention only. A measurement script, not a test: it reads the engine's internals under its lock.
 """
 
 from __future__ import annotations
@@ -43,13 +45,14 @@ PARTS = ("house blocks", "other pool blocks", "own prompt slots", "own decode sl
 
 
 def sample(engine: Engine, house_blocks: int) -> tuple[float, ...] | None:
-    """(house, other pool, own prompt, own decode, unshared) bytes of the waves past their prefill, or None."""
+    """(house, other pool, own prompt, own decode, unshared prompt, unshared all) bytes of the waves past their
+    prefill, or None."""
     token = engine.geometry.token_bytes
     with engine._lock:
         started = [w for w in engine._waves if w.started]
         house: dict[int, int] = {}  # id(block) -> bytes: each block once, however many rows reference it
         other: dict[int, int] = {}
-        own_prompt = own_decode = unshared = 0.0
+        own_prompt = own_decode = prompts = unshared = 0.0
         for w in started:
             sharing = w.decoding.session.sharing
             for row in (sharing.blocks if sharing is not None else []):
@@ -60,10 +63,11 @@ def sample(engine: Engine, house_blocks: int) -> tuple[float, ...] | None:
                 decode = written * token  # full precision, nothing evicted: one token's bytes a slot
                 own_decode += decode
                 own_prompt += t.kv_bytes - decode
+                prompts += len(t.prep.prompt) * token
                 unshared += t.full_bytes
     if not unshared:
         return None
-    return sum(house.values()), sum(other.values()), own_prompt, own_decode, unshared
+    return sum(house.values()), sum(other.values()), own_prompt, own_decode, prompts, unshared
 
 
 def main() -> int:
@@ -105,13 +109,17 @@ def main() -> int:
     stop.set()
     watcher.join()
     engine.close()
-    total = [sum(s[i] for s in samples) for i in range(5)]
-    print(f"{a.mode}, {a.visitors} visitors, {len(samples)} samples; KV in use against unshared, by part:")
-    print("| part | share of unshared |\n| --- | ---: |")
-    for name, value in zip(PARTS, total[:4], strict=True):
-        print(f"| {name} | {value / total[4]:.1%} |")
-    print(f"| **prompt (the first three)** | **{sum(total[:3]) / total[4]:.1%}** |")
-    print(f"| all | {sum(total[:4]) / total[4]:.1%} |")
+    total = [sum(s[i] for s in samples) for i in range(6)]
+    peak = max(samples, key=lambda s: s[5])  # the most tokens in flight: the moment memory is scarcest
+    print(f"{a.mode}, {a.visitors} visitors, {len(samples)} samples; KV in use against unshared, by part "
+          "(time-weighted; the prompt's parts against the prompts unshared, the rest against all tokens):")
+    print("| part | time-weighted | at the peak |\n| --- | ---: | ---: |")
+    for i, name in enumerate(PARTS):
+        base = 4 if i < 3 else 5
+        print(f"| {name} | {total[i] / total[base]:.1%} | {peak[i] / peak[base]:.1%} |")
+    print(f"| **prompt (the first three, against the prompts)** | **{sum(total[:3]) / total[4]:.1%}** | "
+          f"**{sum(peak[:3]) / peak[4]:.1%}** |")
+    print(f"| all (against every token) | {sum(total[:4]) / total[5]:.1%} | {sum(peak[:4]) / peak[5]:.1%} |")
     return 0
 
 

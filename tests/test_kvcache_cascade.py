@@ -53,9 +53,19 @@ def test_cascade_attention_equals_sdpa_over_the_copied_prefix(q: int, masked: bo
 
 
 @pytest.mark.parametrize("mode", ["shared", "combo"])
-def test_a_batch_attends_its_common_prefix_once_and_each_row_writes_as_alone(tiny_causal_lm, mode: str) -> None:
+def test_a_batch_attends_its_common_prefix_once_and_each_row_writes_as_alone(tiny_causal_lm, mode: str,
+                                                                             monkeypatch) -> None:
     """Two rows with the same first blocks (a house prefix) and different tails: the session decodes the common
-    blocks once per layer (cascade) and each row's logits match the row decoded alone."""
+    blocks once per layer (cascade) and each row's logits match the row decoded alone. The decoded copy lives
+    for its layer's attention only: nothing of it is left between steps. (The wrapper records what the real
+    cascade attention receives, then calls it.)"""
+    from couplet.kvcache import attention
+
+    received: list[torch.Size] = []
+    cascade = attention.cascade_attention
+    monkeypatch.setattr(attention, "cascade_attention",
+                        lambda q, k, v, m, shared, *a: (received.append(shared[0].shape), cascade(q, k, v, m, shared,
+                                                                                                   *a))[1])
     house = [(5 * i + 2) % (TINY_VOCAB - 3) + 3 for i in range(12)]
     prompts = [house + [7, 9, 11], house + [13, 4, 8, 30, 21]]
     width = max(len(p) for p in prompts)
@@ -67,8 +77,11 @@ def test_a_batch_attends_its_common_prefix_once_and_each_row_writes_as_alone(tin
         layer = session.cache.compressed[0]
         assert layer.common_len == 12 and layer.cascading
         for _ in range(4):
+            received.clear()
             logits.append(session.forward(logits[-1].argmax(-1)[:, None])[:, -1])
-            assert layer.cascade_kv is not None and layer.cascade_kv[0].shape[1] == 12  # once, not per row
+            layers = session.cache.compressed
+            assert len(received) == len(layers) and all(shape[1] == 12 for shape in received)  # once, not per row
+            assert all(layer.cascade_kv is None for layer in layers)  # freed as each layer attended
     for r, prompt in enumerate(prompts):
         with make_mode(mode, block_size=4).new_session(tiny_causal_lm, pool=PrefixPool()) as alone:
             out = [alone.forward(torch.tensor([prompt]))[:, -1]]

@@ -163,6 +163,9 @@ def recording_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: 
     shared = getattr(layer, "cascade_kv", None)
     if shared is not None:
         assert rec is not None and layer is not None
+        # consumed: the decoded copy of the common prefix lives for this layer's attention only. Kept on the
+        # layer, every layer's copy outlived the forward, a full-precision prefix per wave between its steps
+        layer.cascade_kv = None
         out, received = cascade_attention(query, key, value, attention_mask, shared, float(scaling),
                                           rec.query_valid, wants)
         if received is not None:

@@ -137,6 +137,7 @@ class CompressedLayer(DynamicLayer):
         self.common_blocks = 0  # leading prefix blocks that are the same pool blocks in every row
         self.common_len = 0  # their tokens: attended once for the whole batch when `meta.cascade` (see `update`)
         # this forward's common prefix, (kv_heads, common_len, head_dim) keys and values, for the attention function
+        # (which takes it: set in `update`, gone once this layer has attended)
         self.cascade_kv: tuple[torch.Tensor, torch.Tensor] | None = None
         # A retention policy's `merge`: the evicted tokens folded into one slot per query head, attended after the
         # owned slots (`attention.with_merged_slot`): keys, values (batch, kv_heads, groups, head_dim), bias

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import html
 import json
-import math
 import os
 import sys
 import threading
@@ -39,7 +38,7 @@ from couplet.printing import PAPERS_MM, PrintConfig, glyphs, print_set
 from couplet.serving import VLLM_MODE, BackendConfig, BackendError, free_port
 from couplet.serving.vllm_client import EngineGauges, VllmClient
 from couplet.serving.vllm_client import decode as remote_decode
-from couplet.share import MAX_SEED, MAX_TEMPERATURE, ShareLink, parse_query, share_url
+from couplet.share import MAX_SEED, MAX_TEMPERATURE, ShareLink, checked_number, parse_query, share_url
 from couplet.text import CoupletInputError, visitor_part
 from couplet.view import (
     about_markdown,
@@ -143,8 +142,8 @@ def live_line(gauges: EngineGauges | None = None) -> str:
                   f"运行 {gauges.running} 份、排队 {gauges.waiting} 份，KV 缓存 {gauges.kv_bytes / 1024:.0f} / "
                   f"{gauges.capacity_bytes / 1024:.0f} KB（全引擎合计）。")
     # the bytes in use (the caches and the pool blocks they reference) against the same tokens stored whole
-    saved = (f'，在用 {(st.kv_bytes + st.pool_used_bytes) / 1024:.0f} KB，是不压缩不共享'
-             f'（{st.full_bytes / 1024:.0f} KB）的 {(st.kv_bytes + st.pool_used_bytes) / st.full_bytes:.0%}'
+    saved = (f'，在用 {st.in_use_bytes / 1024:.0f} KB，是不压缩不共享'
+             f'（{st.full_bytes / 1024:.0f} KB）的 {st.in_use_bytes / st.full_bytes:.0%}'
              if st.full_bytes else '')
     return (f'<p class="live-line">本进程此刻在写 {st.in_flight} 份（排队 {st.waiting}），KV 缓存 '
             f'{st.kv_bytes / 1024:.0f} KB + 共享前缀池 {st.pool_bytes / 1024:.0f} KB{saved}，预算 {KV_BUDGET_MB:g} MB；'
@@ -256,7 +255,8 @@ def unprintable_note(result: CoupletResult) -> str:
     """The characters of a written couplet the print font lacks (a keyword such as U+56CD, double happiness,
     that the model does not know either), told when the couplet appears rather than when 下载春联 refuses it;
     "" when all print."""
-    missing = "".join(dict.fromkeys(c for c in result.upper + result.lower + result.hengpi if not glyphs().has(c)))
+    font = glyphs()
+    missing = "".join(dict.fromkeys(c for c in result.upper + result.lower + result.hengpi if not font.has(c)))
     return f"字库里没有「{missing}」，此联可在页面上看，但无法下载打印。" if missing else ""
 
 
@@ -268,25 +268,19 @@ def ticked(modes: list[str] | None) -> list[str]:
 SKIP6 = (gr.skip(),) * 6  # a step that leaves the six outputs of a couplet stream as they are
 
 
-def _sampling_or_defaults(temperature: object, seed: object) -> tuple[float, int, list[str]]:
-    """Temperature in [0, MAX_TEMPERATURE] and seed a whole number in [0, MAX_SEED] (the share link's ranges,
-    so that a link writes the couplet on screen), or their defaults with a note for the visitor."""
+def _sampling_or_defaults(temperature: str | float | None, seed: str | float | None
+                          ) -> tuple[float, int, list[str]]:
+    """Temperature in [0, MAX_TEMPERATURE] and seed a whole number in [0, MAX_SEED] (the share link's check,
+    `checked_number`, so that a link writes the couplet on screen), or their defaults with a note for the
+    visitor."""
     said = []
-    try:
-        t = float(temperature or 0.0)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        t = math.nan
-    if not 0.0 <= t <= MAX_TEMPERATURE:  # NaN fails too
+    t, why = checked_number(temperature or 0.0, float, 0.0, MAX_TEMPERATURE)
+    if why:
         said.append(f"温度须在 0–{MAX_TEMPERATURE:g} 之间，已改用 0（贪心）。")
-        t = 0.0
-    try:
-        s = float(seed or 0)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        s = math.nan
-    if not (0 <= s <= MAX_SEED and s == int(s)):  # NaN fails too (and int() is never reached for it)
+    s, why_seed = checked_number(seed or 0, int, 0, MAX_SEED)
+    if why_seed:
         said.append(f"随机种子须为 0–{MAX_SEED} 的整数，已改用 0。")
-        s = 0
-    return t, int(s), said
+    return float(t or 0.0), int(s or 0), said
 
 
 def _year_or_default(year: float) -> int:

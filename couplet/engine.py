@@ -178,6 +178,11 @@ class EngineStats:
     pool_used_bytes: int = 0  # the pool blocks that requests past their prefill reference, each counted once
     full_bytes: int = 0  # those requests' tokens as unshared `full` caches would hold them
 
+    @property
+    def in_use_bytes(self) -> int:
+        """What the caches and the pool blocks they reference hold: the KV in use, against `full_bytes`."""
+        return self.kv_bytes + self.pool_used_bytes
+
 
 class Engine:
     """See the module docstring. Thread-safe: submit from any thread; one worker thread runs the model."""
@@ -634,10 +639,7 @@ class Engine:
             if wave.lease is not None:
                 self.pool.end_lease(wave.lease)
                 wave.lease = None
-            for t in wave.tickets:
-                self._reserved -= t.reserved
-                t.reserved = t.kv_bytes = t.full_bytes = 0
-                t.events.put(error)
+            self._end_rows(wave, range(len(wave.tickets)), {}, None, error)
         for t in self._waiting:
             t.events.put(error)
         self._waves.clear()

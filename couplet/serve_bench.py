@@ -147,8 +147,7 @@ def run_mode(lm: LoadedModel, mode: str, budget_mb: float, cfg: ServeConfig, typ
     def monitor() -> None:
         while not stop.is_set():
             st = engine.stats()
-            samples.append((st.in_flight, st.kv_bytes + st.pool_bytes, st.kv_bytes + st.pool_used_bytes,
-                            st.full_bytes))
+            samples.append((st.in_flight, st.kv_bytes + st.pool_bytes, st.in_use_bytes, st.full_bytes))
             time.sleep(0.01)
 
     cuda = lm.device.startswith("cuda")

@@ -60,22 +60,33 @@ class ShareLink:
                         for k, v in params.items())
 
 
-def _number(raw: str, kind: type, low: float, high: float, name: str, default, notes: list[str]):
+def checked_number(raw: str | float | None, kind: type, low: float, high: float) -> tuple[float | None, str]:
+    """`raw` as a finite `kind` (int: a whole number) in [low, high]: (value, ""); else (None, why), why being
+    "number" (not a number at all), "whole" or "range". The link's values and the form's share this check, so
+    that a link writes the couplet on screen."""
     try:
-        value = float(raw)
+        value = float(raw)  # type: ignore[arg-type]
         if not math.isfinite(value):
             raise ValueError
     except (TypeError, ValueError, OverflowError):
-        notes.append(f"链接中的{name}「{raw}」不是数字，已用默认值 {default}。")
-        return default
+        return None, "number"
     if kind is int and value != int(value):
-        notes.append(f"链接中的{name}「{raw}」不是整数，已用默认值 {default}。")
-        return default
+        return None, "whole"
     if not low <= value <= high:
+        return None, "range"
+    return kind(value), ""
+
+
+def _number(raw: str, kind: type, low: float, high: float, name: str, default, notes: list[str]):
+    value, why = checked_number(raw, kind, low, high)
+    if why == "number":
+        notes.append(f"链接中的{name}「{raw}」不是数字，已用默认值 {default}。")
+    elif why == "whole":
+        notes.append(f"链接中的{name}「{raw}」不是整数，已用默认值 {default}。")
+    elif why == "range":
         bounds = f"{int(low)}–{int(high)}" if kind is int else f"{low:g}–{high:g}"  # 2147483647, not 2.14748e+09
         notes.append(f"链接中的{name} {raw} 超出 {bounds}，已用默认值 {default}。")
-        return default
-    return kind(value)
+    return default if why else value
 
 
 def parse_query(params: Mapping[str, str]) -> ShareLink:

@@ -20,6 +20,7 @@ from functools import lru_cache
 
 import torch
 
+from couplet.folk import folk_lines
 from couplet.lexicon import AUSPICIOUS, DEFAULT_VOICE, SOMBER, TABOO, VoiceConfig
 from couplet.placement import Placement
 from couplet.rules import CLASS_OF, SEMANTIC_CLASSES, rhythm_positions
@@ -86,7 +87,7 @@ class LineConstraints:
             bias = self._bias_copy()
             bias[[lm.vocab[c] for c in echo if c in lm.vocab]] += voice.echo
             self.bias = bias
-        self.copies = copy_runs(borrowed)
+        self.copies = copy_runs([*borrowed, *folk_lines()])  # the prompt's lines, and the set trained on
         self.ends = (OBLIQUE, lower_end)
 
     def _bias_copy(self) -> torch.Tensor:

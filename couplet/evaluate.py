@@ -27,11 +27,13 @@ import json
 import statistics
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from couplet.constraints import COPY_RUN
 from couplet.events import CoupletResult
+from couplet.folk import folk_lines
 from couplet.generate import CoupletRequest, decode, generate, prepare
 from couplet.hub import ModelUnavailable, add_model_args
 from couplet.kvcache import MODE_INFO, MODES, PrefixPool, parse_modes
@@ -39,6 +41,7 @@ from couplet.lexicon import DEFAULT_VOICE, NEGATION, PLAIN_VOICE, TABOO, VoiceCo
 from couplet.model import LoadedModel, load_model
 from couplet.options import parse_settings
 from couplet.prompt import DEFAULT_PROMPT, HOUSE_COUPLETS, HouseCouplet, PromptConfig
+from couplet.rules import parallelism
 from couplet.text import CoupletInputError
 
 
@@ -126,8 +129,10 @@ def _runs(line: str, keywords: str, n: int = COPY_RUN) -> set[str]:
 
 
 def copies(r: CoupletResult, house: tuple[HouseCouplet, ...] = HOUSE_COUPLETS) -> bool:
-    """Does a line share a run of 4+ characters with a line the prompt showed (exemplar or house)?"""
-    borrowed = [line for pair in r.exemplars for line in pair] + [line for h in house for line in (h.upper, h.lower)]
+    """Does a line share a run of 4+ characters with a line the prompt showed (exemplar or house), or with a
+    line of the project's own 春联 (`couplet.folk`: trained on, so it could be recited)?"""
+    borrowed = [line for pair in r.exemplars for line in pair] + \
+        [line for h in house for line in (h.upper, h.lower)] + list(folk_lines())
     grams = set().union(*(_runs(line, "") for line in borrowed)) if borrowed else set()
     lines = (r.lower,) if r.checks.get("given_upper") else (r.upper, r.lower)
     return any(_runs(line, r.keywords) & grams for line in lines)
@@ -141,6 +146,17 @@ def template_repeat(results: list[CoupletResult]) -> float:
         for g in grams:
             seen[g] = seen.get(g, 0) + 1
     return _mean(any(seen[g] > 1 for g in grams) for grams in runs)
+
+
+def hengpi_report(results: list[CoupletResult]) -> dict[str, Any]:
+    """The 横批: how often it is the visitor's keywords verbatim or words of a line, how varied it is (the
+    most frequent one's share, and how many distinct ones)."""
+    counts = Counter(r.hengpi for r in results)
+    top, top_n = counts.most_common(1)[0] if counts else ("", 0)
+    return {"hengpi_keywords_verbatim": _mean(r.hengpi == r.keywords for r in results),
+            "hengpi_in_line": _mean(r.hengpi in r.upper + r.lower for r in results),
+            "hengpi_top": top, "hengpi_top_share": top_n / len(results) if results else 0.0,
+            "hengpi_distinct": len(counts)}
 
 
 def voice_report(results: list[CoupletResult]) -> dict[str, float]:
@@ -162,10 +178,11 @@ def context_report(lm: LoadedModel, pairs: list[tuple[str, str]]) -> dict[str, f
             context_nll(lm.model, lm.tokenizer, pairs, how) for how in CONTEXTS}
 
 
-def duixia_report(lm: LoadedModel, cfg: EvalConfig, uppers: list[str], pool: PrefixPool) -> dict[str, Any]:
-    """对下联 on held-out 上联: rule pass rate, parallelism, the voice figures, a few samples."""
+def duixia_report(lm: LoadedModel, cfg: EvalConfig, pairs: list[tuple[str, str]], pool: PrefixPool) -> dict[str, Any]:
+    """对下联 on held-out 上联: rule pass rate, parallelism (and the real 下联's own on the same 上联), the voice
+    figures, a few samples."""
     results, refused = [], 0
-    for u in uppers:
+    for u, _ in pairs:
         try:
             results.append(generate(lm, CoupletRequest("", upper=u, task="duixia"), "full", pool, cfg.prompt,
                                     cfg.voice))
@@ -173,6 +190,7 @@ def duixia_report(lm: LoadedModel, cfg: EvalConfig, uppers: list[str], pool: Pre
             refused += 1
     return {"n": len(results), "refused": refused, "rule_pass_rate": _mean(r.checks["passed"] for r in results),
             "parallelism": _mean(r.checks["parallelism"]["score"] for r in results),
+            "reference_parallelism": _mean(parallelism(u, lo)["score"] for u, lo in pairs),
             "upper_ends_level": _mean(r.checks["tones"]["upper_last"] == "平" for r in results),
             **voice_report(results),
             "failures": [f"{r.upper}/{r.lower}: {r.checks['failures']}"
@@ -242,6 +260,7 @@ def base_report(lm: LoadedModel, cfg: EvalConfig, phrases: list[str], pool: Pref
         "seconds_per_couplet": _mean(seconds),
         "parallelism": _mean(r.checks["parallelism"]["score"] for r in results),
         **voice_report(results),
+        **hengpi_report(results),
         "samples": [r.to_json(with_steps=False) for r in results],
     }
     if errors:
@@ -321,7 +340,7 @@ def main(cfg: EvalConfig) -> dict[str, Any]:
         report["pairs_n"] = len(pairs)
         print(f"nll: {json.dumps({k: v for k, v in report.items() if k.startswith('nll')})}", file=sys.stderr)
         if cfg.duixia:
-            report["duixia"] = duixia_report(lm, cfg, [u for u, _ in pairs[: cfg.duixia]], pool)
+            report["duixia"] = duixia_report(lm, cfg, pairs[: cfg.duixia], pool)
             print(f"duixia: rule pass {report['duixia']['rule_pass_rate']:.3f}", file=sys.stderr)
         if cfg.steer:
             report["steer"] = steer_report(lm, cfg, phrases, pairs, pool)

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from couplet.data import is_heldout, read_pairs
+from couplet.folk import load_folk
 from couplet.lexicon import festive_score, style_of
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -120,7 +121,8 @@ def read_store(path: str | Path) -> list[tuple[str, str]]:
 
 @lru_cache(maxsize=2)
 def load_store(path: str | Path = STORE) -> ExemplarStore:
-    return ExemplarStore(read_store(path))
+    """The corpus pairs of the store, and the project's own 春联 (`couplet.folk`)."""
+    return ExemplarStore(read_store(path) + [(c.upper, c.lower) for c in load_folk()])
 
 
 def build_store(data: str, out: str | Path = STORE, limit: int = MAX_PAIRS,

@@ -16,6 +16,7 @@ from couplet.data import Pair, is_heldout
 from couplet.evaluate import copies, template_repeat, voice_report
 from couplet.events import CoupletResult
 from couplet.exemplars import MAX_PAIRS, STORE, load_store, read_store
+from couplet.folk import load_folk
 from couplet.generate import CoupletRequest, generate, prepare
 from couplet.lexicon import NEGATION, TABOO, VoiceConfig, is_gloomy, style_of
 from couplet.placement import Placement
@@ -183,8 +184,10 @@ def test_voice_figures_count_what_the_model_chose():
     assert report["negation_rate"] == pytest.approx(2 / 3) and report["taboo_rate"] == 0
     assert voice_report([_result("自强不息春常在", "奋发有为福满门", "自强不息")])["negation_rate"] == 0
     assert copies(_result("春风送暖千家福", "瑞雪迎春万户欢", exemplars=[("春风送暖入屠苏", "爆竹声中一岁除")]))
-    assert not copies(_result("春风送福千家喜", "瑞雪迎春万户欢", exemplars=[("春风送暖入屠苏", "爆竹声中一岁除")]))
-    assert copies(_result("春回大地千山秀", "瑞雪迎春万户欢"))  # a house line
+    assert not copies(_result("春风送彩千村秀", "丽日临窗百业兴", exemplars=[("春风送暖入屠苏", "爆竹声中一岁除")]))
+    assert copies(_result("春回大地千山秀", "丽日临窗百业兴"))  # a house line
+    folk = load_folk()[0]  # a line of the project's own 春联: trained on, so a copy even when not in the prompt
+    assert copies(_result(folk.upper, "丽日临窗百业兴"[: len(folk.upper)]))
 
 
 def test_store_readme_names_the_builder():

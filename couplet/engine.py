@@ -35,8 +35,8 @@ A cancelled request (the visitor left) stops receiving progress; its wave ends e
 cancelled, and the wave's session is closed when it ends, releasing its pool blocks.
 
 Finishing runs on a second thread. When a wave's last step is written, its cache is closed and its
-reservation returned at once; choosing each row's 横批 (`hengpi`: a scoring forward of ~25 short sequences per
-couplet, on CPU more compute than the couplet's own prefill) is handed to the finisher, which delivers each
+reservation returned at once; choosing each row's 横批 (`hengpi`: the couplet's ~20-token prefix, then 12
+candidates of 5 tokens each over its KV) is handed to the finisher, which delivers each
 row's last Progress, with its result, as soon as that row's 横批 is chosen. The model's worker meanwhile
 prefills and decodes the next waves — a pipeline, as vLLM's output processor runs beside its engine core.
 When the worker has no wave to advance and nobody waiting, it takes rows from the finisher's queue too

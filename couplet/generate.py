@@ -426,7 +426,7 @@ def finish(lm: LoadedModel, prep: Prepared, mode: str, upper: str, lower: str,
            records: Sequence[StepRecord]) -> CoupletResult:
     """A written couplet → its result: the 横批 chosen for it, the checks, the notes and the exemplars shown.
     Shared by the local loop and remote backends (`couplet.serving`)."""
-    hengpi = choose_hengpi(lm, upper, lower)
+    hengpi = choose_hengpi(lm, upper, lower, prep.keyword_text)
     checks = check_couplet(upper, lower, hengpi, prep.keyword_text, given_upper=prep.duixia)
     return CoupletResult(prep.keyword_text, upper, lower, hengpi, mode, checks, list(records), list(prep.notes),
                          exemplars=[list(p) for p in prep.context.exemplars])

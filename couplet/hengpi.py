@@ -1,11 +1,25 @@
-"""Choosing the 横批 from the curated phrases by the model's own likelihood given the couplet.
+"""Choosing the 横批: scored by the model as a continuation of the couplet it tops.
 
-Score of a phrase h = log p(couplet | keywords = h) − log p(couplet | no keywords): how much better
-the model explains the couplet when told h was its theme (pointwise mutual information). The model was
-trained to write couplets from keywords, so a phrase whose meaning and characters the couplet echoes
-scores high. To keep this to one small batched forward, a shortlist is taken first: the phrases whose
-mean input embedding is closest to the couplet's, plus any phrase sharing a character with it.
-Results are cached per couplet.
+The embedded model is trained to write a 横批 after the couplet (`… 下联 <sep> 横批 <eos>`, on the project's
+own 春联, `couplet.folk`). A candidate h is scored by
+
+    log p(h | couplet) − mean over reference couplets c' of log p(h | c')
+
+how much better this couplet predicts h than 春联 in general do (pointwise mutual information against the
+house couplets, `couplet.prompt`). The second term is a per-phrase constant, computed once per model: a
+phrase every couplet predicts (春暖花开) wins no more often than its fit earns.
+
+Cost. The couplet is fed once as a short prefix, `<bos> <Ln> <sep> 上联 <mid> 下联 <sep>` (~20 tokens, no
+exemplars: the 横批 fits the couplet, not the prompt), and its KV is repeated over a batch of the
+shortlisted candidates, 5 tokens each (4 characters and `<eos>`). With 12 candidates that is ~80 tokens per
+couplet against the couplet's ~400-token prompt and its decode. The wave's own cache is not reused: under an
+evicting or quantized mode it holds a different couplet context per mode, and the 横批 of one couplet must
+not depend on the mode that wrote it.
+
+Candidates: the curated phrases (`couplet.phrases`) and the 横批 of the project's own 春联, minus the
+visitor's keywords verbatim and minus any phrase already in a line (a 横批 that repeats the door's words
+adds nothing). A shortlist is taken first: the phrases whose mean input embedding is closest to the
+couplet's, plus those sharing a character with it. Results are cached per couplet.
 """
 
 from __future__ import annotations
@@ -14,23 +28,55 @@ from functools import lru_cache
 
 import torch
 
+from couplet.folk import load_folk
 from couplet.model import LoadedModel
 from couplet.phrases import HENGPI_PHRASES
-from couplet.scoring import sequence_logprobs
-from couplet.tokenizer import couplet_ids, upper_start
+from couplet.prompt import HOUSE_COUPLETS
+from couplet.tokenizer import char_ids
+
+SHORTLIST = 12
 
 
-def _couplet_logprob(lm: LoadedModel, themes: list[str], upper: str, lower: str) -> torch.Tensor:
-    """Sum of log p(couplet tokens | `<bos> <Ln> theme <sep>`) for each theme; (len(themes),)."""
-    seqs = [couplet_ids(lm.tokenizer, theme, upper, lower) for theme in themes]
-    body = len(upper) + len(lower) + 2  # both lines, <mid> and <eos>
-    logp = sequence_logprobs(lm.model, seqs, lm.ids.pad)
-    # logp[:, t-1] scores token t; sum over the couplet body of each row
-    return torch.stack([logp[row, upper_start(t) - 1 : upper_start(t) - 1 + body].sum()
-                        for row, t in enumerate(themes)])
+@lru_cache(maxsize=1)
+def phrases() -> tuple[str, ...]:
+    """Every candidate 横批: the curated phrases, then the project's own 春联's (4 characters each)."""
+    return tuple(dict.fromkeys([*HENGPI_PHRASES, *(c.hengpi for c in load_folk() if len(c.hengpi) == 4)]))
 
 
-SHORTLIST = 24
+def _prefix(lm: LoadedModel, upper: str, lower: str) -> list[int]:
+    """`<bos> <Ln> <sep> upper <mid> lower <sep>`: what a 横批 continues."""
+    f = lm.ids
+    return [f.bos, f.length[len(upper)], f.sep, *char_ids(lm.tokenizer, upper), f.mid,
+            *char_ids(lm.tokenizer, lower), f.sep]
+
+
+@torch.inference_mode()
+def continuation_logprobs(lm: LoadedModel, couplets: list[tuple[str, str]], candidates: list[str]) -> torch.Tensor:
+    """log p(`h <eos>` | couplet) for every couplet × candidate: (len(couplets), len(candidates)).
+
+    One forward over the couplets' prefixes (equal length per call: callers group by line length), then
+    one over the candidates, each couplet's KV repeated once per candidate."""
+    model, f = lm.model, lm.ids
+    prefix = torch.tensor([_prefix(lm, u, lo) for u, lo in couplets], device=model.device)  # (n, p)
+    out = model(input_ids=prefix, use_cache=True)
+    first = torch.log_softmax(out.logits[:, -1].float(), -1)  # (n, vocab): predicts each candidate's 1st token
+    cache = out.cache
+    k = len(candidates)
+    cache.batch_repeat_interleave(k)  # row i*k + j: couplet i, candidate j
+    cand = torch.tensor([[*char_ids(lm.tokenizer, h), f.eos] for h in candidates], device=model.device)  # (k, 5)
+    ids = cand.repeat(len(couplets), 1)  # (n*k, 5)
+    logits = model(input_ids=ids, cache=cache).logits.float()
+    logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1).sum(-1)  # (n*k,)
+    head = first.repeat_interleave(k, 0).gather(-1, ids[:, :1]).squeeze(-1)
+    return (head + logp).view(len(couplets), k)
+
+
+@lru_cache(maxsize=4)
+def _prior(lm: LoadedModel) -> dict[str, float]:
+    """Mean log p(h | c') over the house couplets, per phrase: what any 春联 predicts of h."""
+    means = [continuation_logprobs(lm, refs, list(phrases())).mean(0) for n in (5, 7)
+             if (refs := [(h.upper, h.lower) for h in HOUSE_COUPLETS if len(h.upper) == n])]
+    return dict(zip(phrases(), torch.stack(means).mean(0).tolist(), strict=True))
 
 
 def _mean_embedding(lm: LoadedModel, texts: list[str]) -> torch.Tensor:
@@ -43,24 +89,31 @@ def _mean_embedding(lm: LoadedModel, texts: list[str]) -> torch.Tensor:
 
 @lru_cache(maxsize=4)
 def _phrase_embeddings(lm: LoadedModel) -> torch.Tensor:
-    return _mean_embedding(lm, list(HENGPI_PHRASES))
+    return _mean_embedding(lm, list(phrases()))
 
 
-def shortlist(lm: LoadedModel, upper: str, lower: str, k: int = SHORTLIST) -> list[str]:
-    """The k phrases worth scoring with the model: near by mean embedding, or sharing characters."""
+def allowed(phrase: str, upper: str, lower: str, keywords: str = "") -> bool:
+    """Not the visitor's keywords verbatim, and not words the couplet already says."""
+    return phrase != keywords and phrase not in upper and phrase not in lower
+
+
+def shortlist(lm: LoadedModel, upper: str, lower: str, keywords: str = "", k: int = SHORTLIST) -> list[str]:
+    """The k allowed phrases worth scoring with the model: near by mean embedding, or sharing characters."""
+    table = phrases()
     similarity = _phrase_embeddings(lm) @ _mean_embedding(lm, [upper + lower])[0]
-    shared = torch.tensor([len(set(h) & set(upper + lower)) for h in HENGPI_PHRASES], dtype=similarity.dtype,
+    shared = torch.tensor([len(set(h) & set(upper + lower)) for h in table], dtype=similarity.dtype,
                           device=similarity.device)
-    best = (similarity + 0.25 * shared).topk(min(k, len(HENGPI_PHRASES))).indices.tolist()
-    return [HENGPI_PHRASES[i] for i in best]
+    order = (similarity + 0.25 * shared).argsort(descending=True).tolist()
+    return [table[i] for i in order if allowed(table[i], upper, lower, keywords)][:k]
 
 
 @lru_cache(maxsize=512)
-def _choose(lm: LoadedModel, upper: str, lower: str) -> str:
-    with torch.inference_mode():
-        candidates = shortlist(lm, upper, lower)
-        scores = _couplet_logprob(lm, ["", *candidates], upper, lower)
-    return candidates[int((scores[1:] - scores[0]).argmax())]
+def _choose(lm: LoadedModel, upper: str, lower: str, keywords: str) -> str:
+    candidates = shortlist(lm, upper, lower, keywords)
+    prior = _prior(lm)
+    scores = continuation_logprobs(lm, [(upper, lower)], candidates)[0]
+    pmi = scores - torch.tensor([prior[h] for h in candidates])
+    return candidates[int(pmi.argmax())]
 
 
 def clear_cache() -> None:
@@ -68,10 +121,10 @@ def clear_cache() -> None:
     _choose.cache_clear()
 
 
-def choose_hengpi(lm: LoadedModel, upper: str, lower: str) -> str:
-    """The curated phrase that best fits the couplet, by the model's pointwise mutual information. Another
-    family (no keyword slot in its prompt to score a theme with): the shortlist's best, by the model's own
-    input embeddings and the characters shared."""
+def choose_hengpi(lm: LoadedModel, upper: str, lower: str, keywords: str = "") -> str:
+    """The candidate that best fits the couplet, by the model's pointwise mutual information. Another
+    family (its prompt format has no 横批 slot to continue): the shortlist's best, by the model's own input
+    embeddings and the characters shared."""
     if lm.family.name != "couplet":
-        return shortlist(lm, upper, lower, 1)[0]
-    return _choose(lm, upper, lower)
+        return shortlist(lm, upper, lower, keywords, 1)[0]
+    return _choose(lm, upper, lower, keywords)

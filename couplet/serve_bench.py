@@ -134,7 +134,7 @@ def prompt_kv_by_popularity(typed: list[str], prompt_kv: list[tuple[str, float]]
 def run_mode(lm: LoadedModel, mode: str, budget_mb: float, cfg: ServeConfig, typed: list[str],
              arrivals: list[float], preps: dict[str, Prepared]) -> tuple[dict, dict[str, tuple[str, str]]]:
     # Every mode starts from the same state: a fresh engine and pool, and no 横批 remembered. The 横批 is
-    # cached per couplet (`hengpi._choose`), and its scoring is 13-19% of a run's time: kept, a mode measured
+    # cached per couplet (`hengpi._choose`), and its scoring is a share of a run's time: kept, a mode measured
     # after `full` found its couplets' 横批 already chosen (95-100% are `full`'s couplets) and looked faster.
     hengpi.clear_cache()
     engine = Engine(lm, EngineConfig(kv_budget_mb=budget_mb, pool_mb=cfg.pool_mb, max_batch=cfg.max_batch,

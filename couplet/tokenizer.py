@@ -11,7 +11,8 @@ Every couplet in a sequence is one *entry* (one token per character)::
 
 A sequence is `<bos>`, then the context (entries: the house prefix, whose keywords are each couplet's
 横批, and the exemplars, with none), then the request: `<Ln> keywords <sep>`, which the model continues
-with the 上联, `<mid>`, the 下联 and `<eos>` (`couplet.prompt` lays the context out). Without context it is
+with the 上联, `<mid>`, the 下联 and `<eos>` — or, where the training couplet has one, `<sep>` and its 横批
+before the `<eos>` (`couplet.prompt` lays the context out). Without context it is
 the original one-couplet format. Training puts loss on the body of every non-house entry.
 """
 
@@ -82,11 +83,13 @@ def char_ids(tok: PreTrainedTokenizerBase, text: str) -> list[int]:
     return [vocab.get(c, unk) for c in text]
 
 
-def entry_ids(tok: PreTrainedTokenizerBase, keywords: str, upper: str, lower: str) -> list[int]:
-    """One context entry: `<Ln> keywords <sep> upper <mid> lower <eos>`."""
+def entry_ids(tok: PreTrainedTokenizerBase, keywords: str, upper: str, lower: str, hengpi: str = "") -> list[int]:
+    """One context entry: `<Ln> keywords <sep> upper <mid> lower <eos>`; with a 横批,
+    `… lower <sep> hengpi <eos>` (the 横批 continues the couplet: `couplet.hengpi` scores it there)."""
     f = FormatIds.of(tok)
+    tail = [f.sep, *char_ids(tok, hengpi)] if hengpi else []
     return [f.length[len(upper)], *char_ids(tok, keywords), f.sep, *char_ids(tok, upper), f.mid,
-            *char_ids(tok, lower), f.eos]
+            *char_ids(tok, lower), *tail, f.eos]
 
 
 def prompt_ids(tok: PreTrainedTokenizerBase, keywords: str, length: int, context: Sequence[int] = ()) -> list[int]:

@@ -43,8 +43,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from couplet.data import Pair, is_heldout, read_pairs, sample_keywords
 from couplet.exemplars import DEFAULT_K, ExemplarStore, load_store
+from couplet.folk import FOLK, FolkCouplet, load_folk
 from couplet.lexicon import style_of
-from couplet.prompt import exemplar_ids, house_ids
+from couplet.prompt import HOUSE_COUPLETS, exemplar_ids, house_ids
 from couplet.scoring import CONTEXTS, context_nll
 from couplet.tokenizer import FormatIds, entry_ids
 from couplet.train import save
@@ -72,16 +73,22 @@ class ContextTrainConfig:
     eval_pairs: int = 300
     seed: int = 4321
     threads: int = 2
+    device: str = "cpu"  # "cuda": `scripts/train_gpu.sh`
     bf16: bool = False  # bf16 autocast on CPU is ~25x slower than float32 at 400-token sequences (measured)
     resume: bool = False
     limit_rows: int | None = None
     style_weights: dict[str, float] = field(default_factory=lambda: dict(STYLE_WEIGHTS))
+    folk: str = str(FOLK)  # the project's own 春联 with 横批 (`couplet.folk`); "" leaves them out
+    p_folk: float = 0.15  # share of targets drawn from them
+    p_hengpi: float = 0.9  # share of their entries that end `<sep> 横批` (the rest end at the 下联)
 
     def __post_init__(self) -> None:
         if self.minutes <= 0:
             raise ValueError(f"minutes must be positive, got {self.minutes}")
         if not 0 <= self.p_house + self.p_bare <= 1:
             raise ValueError("p_house + p_bare must be in [0, 1]")
+        if not (0 <= self.p_folk <= 1 and 0 <= self.p_hengpi <= 1):
+            raise ValueError("p_folk and p_hengpi must be in [0, 1]")
 
 
 @dataclass
@@ -110,21 +117,30 @@ class ContextSampler:
         self.groups = list(groups.values())
         self.weights = [KIND_WEIGHTS[k] * cfg.style_weights[s] * len(g) ** 0.5 for (k, s), g in groups.items()]
         self.counts = {f"{k}/{s}": len(g) for (k, s), g in groups.items()}
+        # the project's own 春联, but never one of the house prefix (the prompt shows those: learning to
+        # write one after seeing it would teach copying)
+        house = {h.upper for h in HOUSE_COUPLETS}
+        self.folk = [c for c in load_folk(cfg.folk) if c.upper not in house] if cfg.folk and cfg.p_folk else []
+        self.counts["folk"] = len(self.folk)
 
     def target(self) -> Pair:
         return self.rng.choice(self.rng.choices(self.groups, self.weights)[0])
 
+    def _hengpi(self, c: FolkCouplet) -> str:
+        return c.hengpi if self.rng.random() < self.cfg.p_hengpi else ""
+
     def sample(self) -> Sample:
         rng, cfg = self.rng, self.cfg
-        pair = self.target()
+        folk = rng.choice(self.folk) if self.folk and rng.random() < cfg.p_folk else None
+        pair = Pair(folk.upper, folk.lower, "folk") if folk else self.target()
         ids, loss = [self.f.bos], [False]
 
         def add(tokens: list[int], with_loss: bool) -> None:
             ids.extend(tokens)
-            # loss on the body only: what follows <sep> (上联, <mid>, 下联, <eos>)
+            # loss on the body only: what follows <sep> (上联, <mid>, 下联, a 横批, <eos>)
             if with_loss:
-                sep = tokens.index(self.f.sep)
-                loss.extend([False] * (sep + 1) + [True] * (len(tokens) - sep - 1))
+                sep = tokens.index(self.f.sep)  # a second <sep> (before a 横批) is given, not learned
+                loss.extend([False] * (sep + 1) + [t != self.f.sep for t in tokens[sep + 1 :]])
             else:
                 loss.extend([False] * len(tokens))
 
@@ -134,8 +150,14 @@ class ContextSampler:
                 add(self.house, False)
             else:
                 bucket = self.by_style[style_of(pair.upper + pair.lower)]
-                for p in rng.sample(bucket, min(len(bucket), rng.randint(4, 12))):
-                    add(entry_ids(self.tok, "", p.upper, p.lower), True)
+                pack = [entry_ids(self.tok, "", p.upper, p.lower)
+                        for p in rng.sample(bucket, min(len(bucket), rng.randint(4, 12) - 3 * bool(folk)))]
+                if folk:  # a 春联's pack: corpus couplets of its style and 2-4 other 春联, shuffled
+                    others = rng.sample(self.folk, min(len(self.folk) - 1, rng.randint(2, 4)))
+                    pack += [entry_ids(self.tok, "", c.upper, c.lower, self._hengpi(c)) for c in others if c != folk]
+                    rng.shuffle(pack)
+                for entry in pack:
+                    add(entry, True)
         duixia = rng.random() < cfg.p_duixia
         keywords = "" if duixia else sample_keywords(pair, rng)
         if r >= cfg.p_bare:
@@ -143,7 +165,7 @@ class ContextSampler:
             query = keywords or pair.upper
             exemplars = self.store.retrieve(query, len(pair.upper), k, exclude=(pair.upper, pair.lower))
             add(exemplar_ids(self.tok, exemplars), False)
-        add(entry_ids(self.tok, keywords, pair.upper, pair.lower), True)
+        add(entry_ids(self.tok, keywords, pair.upper, pair.lower, self._hengpi(folk) if folk else ""), True)
         return Sample(ids, loss)
 
 
@@ -176,6 +198,7 @@ def main(cfg: ContextTrainConfig) -> dict:
     tok = AutoTokenizer.from_pretrained(cfg.init)
     tok.model_max_length = 512
     model = AutoModelForCausalLM.from_pretrained(cfg.init, dtype=torch.float32)
+    model.to(cfg.device)  # type: ignore[arg-type]  # transformers' stub types .to's argument as a model
     model.config.max_position_embeddings = 512
     pairs: list[Pair] = []
     heldout: list[Pair] = []
@@ -197,12 +220,12 @@ def main(cfg: ContextTrainConfig) -> dict:
     if cfg.resume:
         if not state_path.exists():
             raise FileNotFoundError(f"--resume: no checkpoint at {state_path}")
-        st = torch.load(state_path, weights_only=False)
+        st = torch.load(state_path, weights_only=False, map_location=cfg.device)
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["opt"])
         step, elapsed, tokens_seen, history = st["step"], st["elapsed"], st["tokens_seen"], st["history"]
         rng.setstate(st["rng"])
-        torch.set_rng_state(st["torch_rng"])
+        torch.set_rng_state(st["torch_rng"].cpu())
         print(f"resumed at step {step}, {elapsed / 60:.1f} of {cfg.minutes} min", file=sys.stderr, flush=True)
     eval_set = [(p.upper, p.lower) for p in heldout[: cfg.eval_pairs]]
 
@@ -239,10 +262,10 @@ def main(cfg: ContextTrainConfig) -> dict:
             pool = sorted((sampler.sample() for _ in range(4 * cfg.batch_size)), key=lambda s: len(s.ids))
             queue = [pool[i : i + cfg.batch_size] for i in range(0, len(pool), cfg.batch_size)]
             rng.shuffle(queue)
-        inputs, labels = batch(queue.pop(), FormatIds.of(tok).pad)
+        inputs, labels = (t.to(cfg.device) for t in batch(queue.pop(), FormatIds.of(tok).pad))
         for group in opt.param_groups:
             group["lr"] = lr_at(elapsed / budget, cfg)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+        with torch.autocast(torch.device(cfg.device).type, dtype=torch.bfloat16, enabled=cfg.bf16):
             loss = model(input_ids=inputs, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -268,7 +291,8 @@ def main(cfg: ContextTrainConfig) -> dict:
     stats = {"stage": 2, "init": cfg.init, "config": asdict(cfg), "steps": step,
              "train_minutes": round(elapsed / 60, 1),
              "tokens_seen": tokens_seen, "groups": sampler.counts, "history": history, "final": final,
-             "data_source": "chinese-poetry/chinese-poetry (MIT), Tang and Song poems"}
+             "data_source": "chinese-poetry/chinese-poetry (MIT), Tang and Song poems; the project's own 春联 "
+                            "(assets/folk: traditional folk couplets, public domain, and new modern-theme ones)"}
     save(model, tok, Path(cfg.out), stats)  # type: ignore[arg-type]
     print(f"done: {json.dumps(final)} -> {cfg.out}", file=sys.stderr, flush=True)
     return stats
@@ -278,7 +302,8 @@ def parse_args(argv: list[str] | None = None) -> ContextTrainConfig:
     p = argparse.ArgumentParser(prog="python -m couplet.train_context", description=__doc__.split("\n")[0])
     defaults = ContextTrainConfig(data="")
     p.add_argument("--data", required=True, help="path to couplets_train.tsv.xz (read, never copied)")
-    for name in ("init", "out", "state", "minutes", "batch_size", "lr", "p_house", "p_bare", "p_duixia",
+    for name in ("init", "out", "state", "minutes", "batch_size", "lr", "p_house", "p_bare", "p_duixia", "folk",
+                 "p_folk", "p_hengpi", "warmup_frac", "device",
                  "eval_every_min", "save_every_min", "eval_pairs", "seed", "threads", "limit_rows"):
         value = getattr(defaults, name)
         p.add_argument("--" + name.replace("_", "-"), type=type(value) if value is not None else int, default=value)

@@ -1,0 +1,93 @@
+"""The project's own 春联 (`couplet.folk`) and the 横批 scored as the couplet's continuation (`couplet.hengpi`)."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+import torch
+
+from couplet import hengpi
+from couplet.data import Pair
+from couplet.exemplars import load_store
+from couplet.folk import folk_lines, load_folk
+from couplet.lexicon import has_negation, has_taboo, is_gloomy
+from couplet.prompt import HOUSE_COUPLETS
+from couplet.rules import check_couplet
+from couplet.scoring import sequence_logprobs
+from couplet.tokenizer import FormatIds, char_ids, entry_ids
+from couplet.train_context import ContextSampler, ContextTrainConfig
+
+
+def test_every_folk_couplet_passes_the_rules_and_the_voice(embedded_lm):
+    folk = load_folk()
+    assert len(folk) >= 140
+    assert len({(c.upper, c.lower) for c in folk}) == len(folk)  # no duplicates
+    assert not {c.upper for c in folk} & {h.upper for h in HOUSE_COUPLETS}  # the prompt shows those already
+    for c in folk:
+        checks = check_couplet(c.upper, c.lower, c.hengpi)
+        assert checks["passed"], (c, checks["failures"])
+        assert len(c.hengpi) == 4 and c.hengpi not in c.upper + c.lower
+        text = c.upper + c.lower + c.hengpi
+        assert not (has_taboo(text) or has_negation(text) or is_gloomy(text)), c
+        assert all(ch in embedded_lm.vocab for ch in text), c  # the model and the page's font know them
+    themes = Counter(c.theme for c in folk)
+    assert {"folk", "tech", "study", "health", "business"} <= set(themes), themes
+    assert max(Counter(c.hengpi for c in folk).values()) <= 4  # 横批 vary
+    assert len(folk_lines()) == 2 * len(folk)
+
+
+def test_folk_couplets_are_exemplars():
+    store = load_store()
+    c = load_folk()[0]
+    assert (c.upper, c.lower) in store.retrieve(c.upper, len(c.upper), k=6)
+
+
+def test_an_entry_with_a_hengpi_continues_the_couplet(embedded_lm):
+    tok, f = embedded_lm.tokenizer, FormatIds.of(embedded_lm.tokenizer)
+    plain = entry_ids(tok, "春", "天增岁月人增寿", "春满乾坤福满门")
+    topped = entry_ids(tok, "春", "天增岁月人增寿", "春满乾坤福满门", "福满人间")
+    assert topped[: len(plain) - 1] == plain[:-1]  # the same couplet, then `<sep> 横批 <eos>`
+    assert topped[len(plain) - 1 :] == [f.sep, *char_ids(tok, "福满人间"), f.eos]
+
+
+def test_the_sampler_teaches_the_hengpi_after_folk_couplets(embedded_lm):
+    tok, f = embedded_lm.tokenizer, FormatIds.of(embedded_lm.tokenizer)
+    pairs = [Pair(u, lo, "lvshi_mid") for u, lo in list(load_store().shelves[7].pairs)[:300]]
+    sampler = ContextSampler(tok, pairs, load_store(), ContextTrainConfig(data="", p_folk=1.0), random.Random(3))
+    house = {h.upper for h in HOUSE_COUPLETS}
+    topped = 0
+    for _ in range(40):
+        s = sampler.sample()
+        last_sep = len(s.ids) - 1 - s.ids[::-1].index(f.sep)
+        target = "".join(tok.convert_ids_to_tokens(s.ids[last_sep + 1 :]))
+        if s.ids[-6] == f.sep:  # `… 下联 <sep> h h h h <eos>`: the 横批 carries loss, its <sep> does not
+            topped += 1
+            assert all(s.loss[-5:]) and not s.loss[-6]
+        else:
+            assert target.split("<mid>")[0] not in house
+    assert topped >= 25  # p_hengpi = 0.9
+
+
+def test_continuation_scores_equal_teacher_forcing(embedded_lm):
+    """The shared-prefix batch (the couplet's KV repeated per candidate) scores what one full forward does."""
+    lm = embedded_lm
+    couplets = [("龙腾四海千家乐", "马跃九州万象新"), ("春回大地千山秀", "日暖神州万物荣")]
+    candidates = ["万象更新", "龙马精神", "五谷丰登"]
+    got = hengpi.continuation_logprobs(lm, couplets, candidates)
+    for i, (u, lo) in enumerate(couplets):
+        seqs = [[*hengpi._prefix(lm, u, lo), *char_ids(lm.tokenizer, h), lm.ids.eos] for h in candidates]
+        logp = sequence_logprobs(lm.model, seqs, lm.ids.pad)[:, -5:].sum(-1)  # the 4 characters and <eos>
+        assert torch.allclose(got[i], logp, atol=1e-3), (got[i], logp)
+
+
+@pytest.mark.parametrize(("upper", "lower", "keywords"), [
+    ("龙马奔腾春万里", "精神焕发福千家", "龙马精神"),
+    ("万象更新春满院", "千祥云集福盈门", "万象更新"),
+])
+def test_the_hengpi_is_neither_the_keywords_nor_the_lines(embedded_lm, upper, lower, keywords):
+    hengpi.clear_cache()
+    chosen = hengpi.choose_hengpi(embedded_lm, upper, lower, keywords)
+    assert chosen in hengpi.phrases() and len(chosen) == 4
+    assert chosen != keywords and chosen not in upper and chosen not in lower

@@ -66,3 +66,23 @@ def test_a_tiny_run_checkpoints_and_resumes(tmp_path, tiny_checkpoint):
     assert second["steps"] > first["steps"]  # continued, not restarted
     state = torch.load(tmp_path / "state.pt", weights_only=False)
     assert state["step"] == second["steps"]
+
+
+def test_train_gpu_script_rehearses_on_cpu(tmp_path):
+    """scripts/train_gpu.sh at toy size on CPU (its rehearsal): trains, saves a loadable model, writes a couplet."""
+    import os
+    import subprocess
+
+    data = tmp_path / "pairs.tsv"
+    data.write_text("upper\tlower\tera\tkind\n" + "".join(
+        f"{p.upper}\t{p.lower}\ttang\t{p.kind}\n" for p in _pairs()), encoding="utf-8")
+    out = tmp_path / "run"
+    env = {**os.environ, "DATA": str(data), "TRAIN_GPU_DEVICE": "cpu", "TRAIN_GPU_QUICK": "1",
+           "TRAIN_GPU_MINUTES": "0.05"}
+    done = subprocess.run(["bash", "scripts/train_gpu.sh", str(out)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert (out / "model" / "model.safetensors").exists() and (out / "state.pt").exists()
+    log = (out / "train_gpu.log").read_text(encoding="utf-8")
+    assert "=== done" in log and log.count("passed") == 2  # both check couplets pass the rules
+    assert json.loads((out / "model" / "training.json").read_text(encoding="utf-8"))["config"]["device"] == "cpu"

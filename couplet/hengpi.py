@@ -17,9 +17,10 @@ evicting or quantized mode it holds a different couplet context per mode, and th
 not depend on the mode that wrote it.
 
 Candidates: the curated phrases (`couplet.phrases`) and the 横批 of the project's own 春联, minus the
-visitor's keywords verbatim and minus any phrase already in a line (a 横批 that repeats the door's words
-adds nothing). A shortlist is taken first: the phrases whose mean input embedding is closest to the
-couplet's, plus those sharing a character with it. Results are cached per couplet.
+visitor's keywords verbatim, minus any phrase already in a line (a 横批 that repeats the door's words
+adds nothing), and minus a phrase naming a zodiac animal that no line names. A shortlist is taken first:
+the phrases whose mean input embedding is closest to the couplet's, plus those sharing a character with it.
+Results are cached per couplet.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from functools import lru_cache
 
 import torch
 
+from couplet.calendar import ZODIAC
 from couplet.folk import load_folk
 from couplet.model import LoadedModel
 from couplet.phrases import HENGPI_PHRASES
@@ -35,6 +37,11 @@ from couplet.prompt import HOUSE_COUPLETS
 from couplet.tokenizer import char_ids
 
 SHORTLIST = 12
+ANIMALS = set(ZODIAC) | {"犬"}  # 犬 is 狗 in the folk couplets (玉犬贺新春)
+
+
+def _animals(text: str) -> set[str]:
+    return {"狗" if c == "犬" else c for c in text if c in ANIMALS}
 
 
 @lru_cache(maxsize=1)
@@ -93,8 +100,11 @@ def _phrase_embeddings(lm: LoadedModel) -> torch.Tensor:
 
 
 def allowed(phrase: str, upper: str, lower: str, keywords: str = "") -> bool:
-    """Not the visitor's keywords verbatim, and not words the couplet already says."""
-    return phrase != keywords and phrase not in upper and phrase not in lower
+    """Not the visitor's keywords verbatim, not words the couplet already says, and no zodiac animal the
+    couplet does not name: 狗年吉祥 over a couplet for any year would be wrong in eleven years of twelve."""
+    animals = _animals(phrase)
+    return (phrase != keywords and phrase not in upper and phrase not in lower
+            and (not animals or bool(animals & _animals(upper + lower))))
 
 
 def shortlist(lm: LoadedModel, upper: str, lower: str, keywords: str = "", k: int = SHORTLIST) -> list[str]:

@@ -85,9 +85,9 @@ class VoiceConfig:
     somber: float = -2.5  # added to the logit of every negation/melancholy character
     auspicious: float = 1.0  # added to the logit of every auspicious character
     # 对仗 while the 下联 is written, against the 上联 character at the same position (`couplet.rules`):
-    pair_class: float = 1.5  # bonus for a character of the same semantic class (山 opposite 水)
-    pair_tone: float = 0.0  # bonus for the contrasting tone at a rhythm position (二四六分明)
-    echo: float = 2.5  # bonus for the characters of this request's exemplars (its own words, not the house's)
+    pair_class: float = 3.5  # bonus for a character of the same semantic class (山 opposite 水)
+    pair_tone: float = 0.5  # bonus for the contrasting tone at a rhythm position (二四六分明)
+    echo: float = 3.5  # bonus for the characters of this request's exemplars (its own words, not the house's)
 
     def __post_init__(self) -> None:
         if self.somber > 0:

@@ -91,3 +91,13 @@ def test_the_hengpi_is_neither_the_keywords_nor_the_lines(embedded_lm, upper, lo
     chosen = hengpi.choose_hengpi(embedded_lm, upper, lower, keywords)
     assert chosen in hengpi.phrases() and len(chosen) == 4
     assert chosen != keywords and chosen not in upper and chosen not in lower
+
+
+def test_a_zodiac_hengpi_only_over_a_couplet_that_names_its_animal(embedded_lm):
+    assert not hengpi.allowed("狗年吉祥", "春满梅花千里绿", "风吹柳絮万家红")
+    assert hengpi.allowed("狗年吉祥", "金鸡辞旧岁", "玉犬贺新春")  # 犬 is 狗
+    assert hengpi.allowed("吉羊开泰", "羊引春风开泰运", "鹊登梅枝报喜音")
+    hengpi.clear_cache()
+    upper, lower = "春满梅花千里绿", "风吹柳絮万家红"
+    assert not set(hengpi.shortlist(embedded_lm, upper, lower)) & {
+        h for h in hengpi.phrases() if set(h) & hengpi.ANIMALS}

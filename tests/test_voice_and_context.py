@@ -90,7 +90,8 @@ def test_copy_runs_ban_the_fourth_character_of_a_borrowed_run(embedded_lm):
 
 def test_pair_bias_favours_the_upper_lines_class_and_the_contrasting_tone(embedded_lm):
     vocab = embedded_lm.vocab
-    plain = LineConstraints(embedded_lm.chars, Placement({}, {}), 7, VoiceConfig(somber=0, auspicious=0, pair_class=0))
+    plain = LineConstraints(embedded_lm.chars, Placement({}, {}), 7,
+                            VoiceConfig(somber=0, auspicious=0, pair_class=0, pair_tone=0))
     paired = LineConstraints(embedded_lm.chars, Placement({}, {}), 7,
                              VoiceConfig(somber=0, auspicious=0, pair_class=1.5, pair_tone=0.5))
     assert plain.bias_at(1, 0, ["青山横北郭白水", ""]) is None

@@ -49,13 +49,9 @@ from couplet.view import (
     peak_panel_html,
 )
 
-try:  # ZeroGPU on Hugging Face Spaces; elsewhere a no-op
-    import spaces
-
-    gpu = spaces.GPU
-except ImportError:
-    def gpu(fn):
-        return fn
+# No `spaces.GPU` (ZeroGPU) decorator: ZeroGPU attaches a GPU only for the duration of a decorated call, and
+# the handlers here do no GPU work themselves; the engine's worker thread does (`couplet.engine`), outside any
+# such call. The page runs on a CPU Space (cpu-basic) or a Space with a dedicated GPU.
 
 EXAMPLES = ["龙马精神", "吉祥如意", "春风", "明月", "五福临门", "梅花", "平安", "国泰民安"]
 UPPER_EXAMPLES = ["春风送暖千家福", "瑞雪迎春到", "天增岁月人增寿", "万里江山添锦绣", "东风化雨山山翠"]
@@ -162,7 +158,6 @@ def _outputs(gate: str, checks: str, records: dict[str, list[StepRecord]], table
     return gate, checks, kv_figure(local, labels), second, table, payload
 
 
-@gpu
 def write_couplet(keywords: str, length: int, acrostic: bool, temperature: float, seed: float, year: float,
                   modes: list[str]) -> Iterator[tuple]:
     """Stream one couplet per selected mode, all on the same keywords and seed, step by step."""
@@ -170,7 +165,6 @@ def write_couplet(keywords: str, length: int, acrostic: bool, temperature: float
                                                    1.0 if not t else 0.9, s), temperature, seed, year, modes)
 
 
-@gpu
 def write_duixia(upper: str, temperature: float, seed: float, year: float, modes: list[str]) -> Iterator[tuple]:
     """对下联: the visitor's 上联, the model's 下联 and 横批; the same stream as `write_couplet`."""
     yield from _stream(lambda t, s: CoupletRequest("", temperature=t, top_p=1.0 if not t else 0.9, seed=s,
@@ -300,7 +294,6 @@ def open_link(request: gr.Request) -> tuple:
             gr.Tabs(selected="duixia" if link.task == "duixia" else "keywords"), link.__dict__)
 
 
-@gpu
 def write_from_link(state: dict | None) -> Iterator[tuple]:
     """Write the link's couplet at once (a refused keyword gets the form's message); no couplet: nothing."""
     link = ShareLink(**state) if state else ShareLink()

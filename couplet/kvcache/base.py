@@ -8,7 +8,8 @@ what it is made of; one factory, `build_session`, builds the session for any com
     sharing      none | the prefix pool (`SharedPolicy`, `shared.py`)
 
 `full` is (plain, none, none), `int4` (int4, none, none), `selective` (plain, selective, none), `combo`
-(int4, selective keeping the prompt, prefix pool). A policy that is one of the three parts is a mode on
+(int8, none, prefix pool) by default, and (int8 or int4, selective keeping the prompt, prefix pool) when its
+`ratio` is below 1. A policy that is one of the three parts is a mode on
 its own: its `compose()` fills the other two with "plain" and "none".
 """
 

@@ -11,14 +11,11 @@ to 8 blocks per forward, each block attending to the run's earlier ones encoded 
 of a wave at once), so cold and warm pools give the same couplets (the same bits where the same forward
 computed the blocks, up to float rounding otherwise).
 
-Defaults (int8, ratio 1.0: no eviction), measured at the long prompt (a ~415-token prompt, 296 tokens of
-it the house prefix every visitor shares). The earlier defaults (int4, ratio 0.5) spent the whole budget on
-the prompt and evicted nearly every generated token: on a burst of 100 Zipf visitors at 14 MB (CPU float32)
-they wrote 0% of `full`'s couplets at 57 KB per request. int4 without eviction: 30% identical (first 40 dev
-phrases). int8 without eviction: 95% identical at 108 KB per request (0.084x `full`, pool share included),
-with 7.0x `full`'s concurrency at the same budget (2026-12-04, `assets/bench/serve.json`; 8.1x when the
-engine admitted whatever fit, before `EngineConfig.min_wave`; 5.5x before a pool mode's prefill reserved only
-what it can hold). One request alone holds about int8's 0.53x (bf16).
+Defaults: int8, ratio 1.0 (no eviction). At the long prompt (~415 tokens, 296 of them the house prefix every
+visitor shares) an evicting int4 composition spent its whole budget on the prompt and evicted nearly every
+generated token; int8 without eviction keeps `full`'s couplet for almost every phrase and, with the pool's
+share, stores a small fraction of `full`'s bytes per request. The figures: docs/results/kv-modes.md and
+docs/results/serving.md.
 """
 
 from __future__ import annotations

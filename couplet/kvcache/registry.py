@@ -54,7 +54,7 @@ MODE_INFO: dict[str, ModeInfo] = {
     "shared": ModeInfo(SharedPolicy, "共享前缀缓存", "相同的提示词前缀只算一次、只存一份，所有请求共用。",
                        "#1f5f8b", lossless=True, byte_target=1.0),  # palace blue
     # combo (int8 + the pool): one request alone holds ~int8's share (0.53x, bf16); visitors who share the
-    # house prefix split its blocks' bytes (0.087x per request on the Zipf burst, see combo.py)
+    # house prefix split its blocks' bytes (docs/results/serving.md)
     "combo": ModeInfo(ComboPolicy, "组合策略", "提示词经共享前缀池只算一次、只存一份，全部键值以 8 位整数存储。",
                       "#b22222", lossless=False, byte_target=0.55, knob="ratio", sweep=RATIOS),  # vermilion
 }

@@ -31,37 +31,20 @@ class SelectivePolicy(Retention, Policy):
     evicts the prompt (the first forward's
     tokens): only generated tokens compete (what `combo` uses).
 
-    Defaults, measured on the 117-phrase dev list at ratio 0.5 with the long prompt (~430 tokens; float32,
-    greedy, 2026-12-03, identical to `full` / NLL delta per character): decay 0.5 / recent 8 gives 51.3% /
-    +0.010; decay 0.9 / recent 16: 50.4% / +0.002; decay 0.5 / recent 16 / 4 sinks: 49.6% / +0.003; the
-    earlier short-prompt defaults (decay 0.0, recent 4: TOVA, the latest query only) 28.2% / +0.117 — with
-    a long prompt one query's attention is too narrow a view of what later steps need. (At the old ~20-token
-    prompt, decay 0.0 / recent 4 had been best: +0.37 nats against +1.02 for the H2O mean with 2 sinks.)
-
-    merge=True by default (2026-12-05): the evicted tokens are folded into one slot per query head instead of
-    dropped (`retention.merge_evicted`), within the same budget. At ratio 0.5 it writes `full`'s couplet for
-    58.1% of the dev phrases (51.3% without), and for 46.2% of 117 phrases outside the dev list (39.3%);
-    teacher-forced along `full`'s couplets it flips 60 of 1,312 choices (81 without), NLL delta +0.003
-    (+0.010). It costs a float attention mask once anything is merged: 1.23x the time per couplet on CPU.
-    Not with a prefix pool (`combo` builds its retention with merge=False).
-
-    lookahead=8 by default (2026-12-05): the prompt's eviction is scored by 8 pseudo decode queries instead of
-    the prompt's own (`ModeSession._look_ahead`; LAQ, Wang et al. 2025, arXiv:2505.20334), and the prefill
-    records no attention of its own. Why: with full's own future attention as the score (an oracle,
-    `scripts/selective_oracle.py`), ratio 0.5 writes full's couplet for 66.7% of the dev phrases and 0.75 for
-    83.8%; the prompt's eviction alone, scored by the oracle, gave 64.1% — so the prompt's eviction was where
-    the heuristic lost most, and the prompt's own queries (reading instructions and exemplars) were a poor
-    stand-in for the couplet's. Measured (dev list, float32, greedy, merge on; `evaluate --sweep`):
-
-                      identical  (before: no lookahead)   s / couplet
-        ratio 0.5       65.8%        58.1%                  0.221
-        ratio 0.75      76.1%        71.8%                  0.222
-
-    and at ratio 0.5 on 117 phrases outside the dev list 46.2% -> 61.5%. Keeping the prompt's own recorded
-    scores for the later steps instead gave 64.1% / 79.5% (64.1% outside the list) but cost the
-    prefill's q x q attention recording: 0.42x full's throughput through the engine against 0.77x without it
-    (300-visitor burst). 8 pseudo tokens cost 8 forwards per request at its prefill; the prefill holds the
-    prompt plus those tokens (`Composition.owned_peak_bytes`), the request's peak afterwards is unchanged.
+    Defaults (decay 0.5, recent 8, merge, lookahead 8) were chosen on the 117-phrase dev list at the long
+    prompt; the sweeps and their figures are in docs/results/kv-modes.md. Why each:
+    - decay 0.5 / recent 8: with a ~415-token prompt the latest query's attention alone (TOVA, decay 0) is
+      too narrow a view of what later steps need; a half-life of one step keeps the recent history in view.
+    - merge: the evicted tokens are folded into one slot per query head instead of dropped
+      (`retention.merge_evicted`), within the same budget; it costs a float attention mask once anything is
+      merged. Not with a prefix pool (`combo` builds its retention with merge=False).
+    - lookahead=8: the prompt's eviction is scored by 8 pseudo decode queries instead of the prompt's own
+      (`ModeSession._look_ahead`; LAQ, Wang et al. 2025, arXiv:2505.20334), and the prefill records no
+      attention of its own. The prompt's eviction is where the heuristic lost most against an oracle
+      (`scripts/selective_oracle.py`), and the prompt's own queries (reading instructions and exemplars) are
+      a poor stand-in for the couplet's. 8 pseudo tokens cost 8 forwards per request at its prefill; the
+      prefill holds the prompt plus those tokens (`Composition.owned_peak_bytes`), the request's peak
+      afterwards is unchanged.
     """
 
     name: ClassVar[str] = "selective"

@@ -24,23 +24,14 @@ from typing import Any
 import gradio as gr
 import torch
 
-from couplet.calendar import DEFAULT_YEAR, MAX_YEAR, MIN_YEAR, year_label
-from couplet.charts import engine_figure, kv_figure, memory_figure, sweep_figure
-from couplet.engine import Engine, EngineBusy, EngineConfig
 from couplet.events import CoupletResult, StepRecord
-from couplet.exemplars import load_store
-from couplet.gate import ASSETS_DIR, FONT_PATH, gate_css, render_gate
-from couplet.generate import CoupletRequest
-from couplet.kvcache import MODE_INFO, MODES
-from couplet.kvcache.layer import KVGeometry
-from couplet.model import LoadedModel, load_model_or_embedded
-from couplet.printing import PAPERS_MM, PrintConfig, glyphs, print_set
-from couplet.serving import VLLM_MODE, BackendConfig, BackendError, free_port
-from couplet.serving.vllm_client import EngineGauges, VllmClient
-from couplet.serving.vllm_client import decode as remote_decode
-from couplet.share import MAX_SEED, MAX_TEMPERATURE, ShareLink, checked_number, parse_query, share_url
-from couplet.text import CoupletInputError, visitor_part
-from couplet.view import (
+from couplet.kvcache import MODE_INFO, MODES, KVGeometry
+from couplet.models.loading import LoadedModel, load_model_or_embedded
+from couplet.page.charts import engine_figure, kv_figure, memory_figure, sweep_figure
+from couplet.page.gate import ASSETS_DIR, FONT_PATH, gate_css, render_gate
+from couplet.page.printing import PAPERS_MM, PrintConfig, glyphs, print_set
+from couplet.page.share import MAX_SEED, MAX_TEMPERATURE, ShareLink, checked_number, parse_query, share_url
+from couplet.page.view import (
     about_markdown,
     bench_source_html,
     checks_html,
@@ -48,16 +39,24 @@ from couplet.view import (
     modes_table_html,
     peak_panel_html,
 )
+from couplet.serving.backends import VLLM_MODE, BackendConfig, BackendError, free_port
+from couplet.serving.engine import Engine, EngineBusy, EngineConfig
+from couplet.serving.generate import CoupletRequest
+from couplet.vllm_backend.client import EngineGauges, VllmClient
+from couplet.vllm_backend.client import decode as remote_decode
+from couplet.writing.calendar import DEFAULT_YEAR, MAX_YEAR, MIN_YEAR, year_label
+from couplet.writing.exemplars import load_store
+from couplet.writing.text import CoupletInputError, visitor_part
 
 # No `spaces.GPU` (ZeroGPU) decorator: ZeroGPU attaches a GPU only for the duration of a decorated call, and
-# the handlers here do no GPU work themselves; the engine's worker thread does (`couplet.engine`), outside any
+# the handlers here do no GPU work themselves; the engine's worker thread does (`couplet.serving.engine`), outside any
 # such call. The page runs on a CPU Space (cpu-basic) or a Space with a dedicated GPU.
 
 EXAMPLES = ["龙马精神", "吉祥如意", "春风", "明月", "五福临门", "梅花", "平安", "国泰民安"]
 UPPER_EXAMPLES = ["春风送暖千家福", "瑞雪迎春到", "天增岁月人增寿", "万里江山添锦绣", "东风化雨山山翠"]
 QUEUE_SIZE = 64  # visitors waiting before the page says "busy"
 # Visitors whose handlers run at once. They do not compute: each hands its request (one per selected mode) to
-# the engine, whose one worker batches them (`couplet.engine`) and admits them by KV budget.
+# the engine, whose one worker batches them (`couplet.serving.engine`) and admits them by KV budget.
 CONCURRENCY = 16
 KV_BUDGET_MB = float(os.environ.get("COUPLET_KV_BUDGET_MB", "64"))
 # Intra-op threads per torch call. Decoding one character of a 6M-parameter model is far too small to split
@@ -73,7 +72,7 @@ _lm: LoadedModel | None = None
 _engine: Engine | None = None
 _model_notice = ""  # why the page runs on the embedded model when COUPLET_MODEL asked for another
 _client: VllmClient | None = None
-try:  # COUPLET_BACKEND=local|vllm, COUPLET_VLLM_URL (`couplet.serving`)
+try:  # COUPLET_BACKEND=local|vllm, COUPLET_VLLM_URL (`couplet.serving.backends`)
     BACKEND, _backend_notice = BackendConfig.from_env(), ""
 except ValueError as e:
     BACKEND, _backend_notice = BackendConfig(), f"{visitor_part(e)}已改用本进程引擎。"

@@ -14,11 +14,10 @@ import sys
 from dataclasses import dataclass, field
 
 from couplet.events import CoupletResult
-from couplet.hub import ModelUnavailable, add_model_args
-from couplet.kvcache import MODES, PrefixPool, parse_modes
-from couplet.options import parse_settings
-from couplet.serving import DEFAULT_VLLM_URL, BackendConfig, BackendError, add_backend_args
-from couplet.text import CoupletInputError
+from couplet.kvcache import MODES, PrefixPool, parse_modes, parse_settings
+from couplet.models.hub import ModelUnavailable, add_model_args
+from couplet.serving.backends import DEFAULT_VLLM_URL, BackendConfig, BackendError, add_backend_args
+from couplet.writing.text import CoupletInputError
 
 MARK = {True: "✓", False: "✗"}
 
@@ -63,8 +62,8 @@ def format_text(result: CoupletResult, show_mode: bool) -> str:
 
 
 def main(cfg: CliConfig) -> int:
-    from couplet.generate import CoupletRequest, generate  # heavy imports after argument checks
-    from couplet.model import load_model
+    from couplet.models.loading import load_model
+    from couplet.serving.generate import CoupletRequest, generate  # heavy imports after argument checks
 
     settings = parse_settings(cfg.settings)
     BackendConfig(cfg.backend, cfg.vllm_url)  # a bad URL: one line, before the model loads
@@ -74,11 +73,11 @@ def main(cfg: CliConfig) -> int:
                              upper=cfg.upper or "", task="couplet" if cfg.upper is None else "duixia")
     lm = load_model(cfg.model, cfg.device, cfg.dtype, cfg.weights)
     results = []
-    if cfg.backend == "vllm":  # the same prepared request, written on the server (`couplet.serving`)
-        from couplet.generate import prepare
-        from couplet.kvcache.layer import KVGeometry
-        from couplet.serving.vllm_client import VllmClient
-        from couplet.serving.vllm_client import generate as remote_generate
+    if cfg.backend == "vllm":  # the same prepared request, written on the server (`couplet.serving.backends`)
+        from couplet.kvcache import KVGeometry
+        from couplet.serving.generate import prepare
+        from couplet.vllm_backend.client import VllmClient
+        from couplet.vllm_backend.client import generate as remote_generate
 
         client = VllmClient(cfg.vllm_url, KVGeometry.of(lm.model))
         results.append(remote_generate(client, lm, prepare(lm, request)))

@@ -25,8 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from couplet.calendar import DEFAULT_YEAR  # noqa: E402
 from couplet.kvcache import MODES, parse_modes  # noqa: E402
+from couplet.writing.calendar import DEFAULT_YEAR  # noqa: E402
 
 UPPER = re.compile(r'<div class="door door-right">.*?<p class="couplet-line"[^>]*>(.*?)</p>', re.S)
 

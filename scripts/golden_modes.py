@@ -19,10 +19,10 @@ import sys
 import time
 from pathlib import Path
 
-from couplet.generate import CoupletRequest, generate
 from couplet.kvcache import MODES, PrefixPool
-from couplet.model import load_model
-from couplet.text import CoupletInputError
+from couplet.models.loading import load_model
+from couplet.serving.generate import CoupletRequest, generate
+from couplet.writing.text import CoupletInputError
 
 
 def run(phrases: list[str], modes: list[str], length: int, device: str = "cpu", dtype: str = "float32") -> dict:

@@ -41,7 +41,7 @@ step() {
 
 # --- the environment ---------------------------------------------------------------------------------
 source scripts/gpu_env.sh
-$PY -c "import torch, transformers, couplet.engine" || { echo "!!! the environment cannot import the project; stopping"; exit 1; }
+$PY -c "import torch, transformers, couplet.serving.engine" || { echo "!!! the environment cannot import the project; stopping"; exit 1; }
 $PY - "$DEVICE" <<'PY'
 import importlib, sys, torch
 names = ["torch", "transformers", "tokenizers", "safetensors", "huggingface_hub", "pypinyin", "plotly", "bitsandbytes"]
@@ -131,9 +131,9 @@ step steps "per-step bench, embedded model, $DT, batch 1" 40 \
 if [ "$DEVICE" = cuda ]; then
 step weights "weights bf16 / int8 / nf4 ($SHAPE shape)" 40 $PY - "$CK" <<'PY'
 import gc, sys, torch
-from couplet import hengpi
-from couplet.generate import CoupletRequest, generate
-from couplet.model import load_model
+from couplet.writing import hengpi
+from couplet.serving.generate import CoupletRequest, generate
+from couplet.models.loading import load_model
 print("| weights | weight memory MiB | couplet KV peak KiB | device peak above the weights MiB | couplet |\n"
       "| --- | ---: | ---: | ---: | --- |")
 for weights in (None, "int8", "nf4"):

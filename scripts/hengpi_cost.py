@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from couplet import hengpi
-from couplet.generate import CoupletRequest, generate
-from couplet.model import load_model
+from couplet.models.loading import load_model
+from couplet.serving.generate import CoupletRequest, generate
+from couplet.writing import hengpi
 
 
 def main() -> None:

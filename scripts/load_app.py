@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 
 from gradio_client import Client  # noqa: E402
 
-from couplet.serve_bench import phrases  # noqa: E402
-from couplet.text import is_han  # noqa: E402
+from couplet.bench.serve import phrases  # noqa: E402
+from couplet.writing.text import is_han  # noqa: E402
 
 
 def main() -> int:

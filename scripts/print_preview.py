@@ -1,4 +1,4 @@
-"""The README's picture of a printed set: the PNG pieces `couplet.printing` writes, laid out as they hang on
+"""The README's picture of a printed set: the PNG pieces `couplet.page.printing` writes, laid out as they hang on
 a door (横批 on the lintel, 上联 on the right, 下联 on the left, the 福 between), plus the PDF's guide sheet.
 
     python scripts/print_preview.py [上联 下联 横批] [--out assets/print_set.png]
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
-from couplet.printing import PrintConfig, door_sides, print_set
+from couplet.page.printing import PrintConfig, door_sides, print_set
 
 ROOT = Path(__file__).resolve().parent.parent
 

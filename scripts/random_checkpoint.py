@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 import torch  # noqa: E402
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
-from couplet.model import EMBEDDED_MODEL  # noqa: E402
+from couplet.models.loading import EMBEDDED_MODEL  # noqa: E402
 
 # Qwen/Qwen2.5-0.5B's config.json (architecture only; the vocabulary is ours); "small" is a CPU-sized cut
 SHAPES = {
@@ -29,7 +29,7 @@ SHAPES = {
 }
 
 
-PALM = "palm2.0-base"  # PALM's base size (`couplet.palm.BASE_SHAPE`), the vocabulary our Han characters
+PALM = "palm2.0-base"  # PALM's base size (`couplet.models.palm.BASE_SHAPE`), the vocabulary our Han characters
 
 
 def main() -> int:
@@ -40,8 +40,8 @@ def main() -> int:
     args = p.parse_args()
     tok = AutoTokenizer.from_pretrained(EMBEDDED_MODEL)
     if args.shape == PALM:
-        from couplet.palm import BASE_SHAPE, save_random_palm
-        from couplet.text import is_han
+        from couplet.models.palm import BASE_SHAPE, save_random_palm
+        from couplet.writing.text import is_han
 
         chars = sorted(t for t in tok.get_vocab() if len(t) == 1 and is_han(t))
         save_random_palm(args.out, chars, BASE_SHAPE, args.seed)

@@ -22,13 +22,13 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from test_app_browser import ANIMATIONS_DONE, save_screenshot  # noqa: E402
 from vllm_servers import page_on  # noqa: E402
 
-from couplet.generate import CoupletRequest, prepare  # noqa: E402
-from couplet.kvcache.layer import KVGeometry  # noqa: E402
-from couplet.model import load_model  # noqa: E402
-from couplet.serve_bench import phrases  # noqa: E402
-from couplet.serving.bench import Server  # noqa: E402
-from couplet.serving.rules import spec_for  # noqa: E402
-from couplet.serving.vllm_client import VllmClient, prompt_for  # noqa: E402
+from couplet.bench.serve import phrases  # noqa: E402
+from couplet.bench.vllm import Server  # noqa: E402
+from couplet.kvcache import KVGeometry  # noqa: E402
+from couplet.models.loading import load_model  # noqa: E402
+from couplet.serving.generate import CoupletRequest, prepare  # noqa: E402
+from couplet.vllm_backend.client import VllmClient, prompt_for  # noqa: E402
+from couplet.vllm_backend.logit_rules import spec_for  # noqa: E402
 
 SHOWN = ("vllm", " full", " int8", " combo")  # the toggles left on (label fragments)
 

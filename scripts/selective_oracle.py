@@ -22,12 +22,12 @@ import time
 import torch
 from transformers import AutoModelForCausalLM
 
-from couplet.evaluate import read_lines
-from couplet.generate import CoupletRequest, generate
+from couplet.bench.quality import read_lines
 from couplet.kvcache import PrefixPool
 from couplet.kvcache.retention import ScoreView
 from couplet.kvcache.selective import SelectivePolicy
-from couplet.model import load_model
+from couplet.models.loading import load_model
+from couplet.serving.generate import CoupletRequest, generate
 
 
 def oracle_scores(attention: torch.Tensor, prompt: int, kind: str, seen: int) -> torch.Tensor:

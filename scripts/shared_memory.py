@@ -32,14 +32,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 
 import torch  # noqa: E402
 
-from couplet import hengpi  # noqa: E402
-from couplet.engine import Engine, EngineConfig  # noqa: E402
-from couplet.generate import CoupletRequest, prepare  # noqa: E402
+from couplet.bench.serve import ServeConfig, default_budget, workload  # noqa: E402
 from couplet.kvcache import make_mode  # noqa: E402
 from couplet.kvcache.base import PlainStorage  # noqa: E402
-from couplet.model import load_model  # noqa: E402
-from couplet.prompt import HOUSE_COUPLETS  # noqa: E402
-from couplet.serve_bench import ServeConfig, default_budget, workload  # noqa: E402
+from couplet.models.loading import load_model  # noqa: E402
+from couplet.serving.engine import Engine, EngineConfig  # noqa: E402
+from couplet.serving.generate import CoupletRequest, prepare  # noqa: E402
+from couplet.writing import hengpi  # noqa: E402
+from couplet.writing.prompt import HOUSE_COUPLETS  # noqa: E402
 
 PARTS = ("house blocks", "other pool blocks", "own prompt slots", "own decode slots")
 

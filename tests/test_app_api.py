@@ -21,10 +21,10 @@ import httpx
 import pytest
 from gradio_client import Client
 
-from couplet.calendar import DEFAULT_YEAR, MAX_YEAR, MIN_YEAR, year_label
-from couplet.gate import ASSETS_DIR, FONT_PATH
 from couplet.kvcache import MODE_INFO, MODES
-from couplet.text import is_han
+from couplet.page.gate import ASSETS_DIR, FONT_PATH
+from couplet.writing.calendar import DEFAULT_YEAR, MAX_YEAR, MIN_YEAR, year_label
+from couplet.writing.text import is_han
 
 pytestmark = [
     pytest.mark.slow,  # loads the embedded model
@@ -262,7 +262,7 @@ def test_static_route_serves_the_font_and_nothing_outside_assets(live_app):
     font = get(str(FONT_PATH))
     assert font.status_code == 200
     assert font.content[:4] == b"wOF2" and len(font.content) == FONT_PATH.stat().st_size
-    for path in (ROOT / "app.py", ROOT / "couplet" / "model.py", ROOT / "README.md"):
+    for path in (ROOT / "app.py", ROOT / "couplet" / "models" / "loading.py", ROOT / "README.md"):
         assert path.exists()
         assert get(str(path)).status_code != 200, path
     assert get("app.py").status_code != 200  # relative to the server's working directory

@@ -1,6 +1,6 @@
 import pytest
 
-from couplet.calendar import BRANCHES, DEFAULT_YEAR, STEMS, ZODIAC, ganzhi, year_label, zodiac
+from couplet.writing.calendar import BRANCHES, DEFAULT_YEAR, STEMS, ZODIAC, ganzhi, year_label, zodiac
 
 
 @pytest.mark.parametrize(("year", "gz", "animal"), [

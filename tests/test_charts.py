@@ -1,7 +1,9 @@
 
 import plotly.graph_objects as go
 
-from couplet.charts import (
+from couplet.events import StepRecord
+from couplet.kvcache import MODE_INFO
+from couplet.page.charts import (
     KV_AXIS,
     STEP_AXIS,
     SWEEP_TEXT_EN,
@@ -11,8 +13,6 @@ from couplet.charts import (
     mode_color,
     sweep_figure,
 )
-from couplet.events import StepRecord
-from couplet.kvcache import MODE_INFO
 
 LABELS = {"full": "完整 full", "window": "窗口 window"}
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer, LlamaForCausalLM
 
-from couplet.generate import CoupletRequest, generate
-from couplet.model import EMBEDDED_MODEL
-from couplet.rules import check_couplet
+from couplet.models.loading import EMBEDDED_MODEL
+from couplet.serving.generate import CoupletRequest, generate
+from couplet.writing.rules import check_couplet
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYWORD_SETS = ["龙马精神", "吉祥如意", "五福临门", "春风", "明月", "梅花", "平安", "福", "山水", "读书",

@@ -9,9 +9,9 @@ import time
 import pytest
 import torch
 
-from couplet.engine import BUSY_MESSAGE, Engine, EngineBusy, EngineConfig
-from couplet.generate import CoupletRequest, generate, prepare
 from couplet.kvcache import MODES, PrefixPool
+from couplet.serving.engine import BUSY_MESSAGE, Engine, EngineBusy, EngineConfig
+from couplet.serving.generate import CoupletRequest, generate, prepare
 
 pytestmark = pytest.mark.slow  # loads the embedded model
 torch.set_num_threads(1)
@@ -150,8 +150,8 @@ def test_an_idle_worker_helps_the_finisher_choose_the_hengpi(embedded_lm) -> Non
     too (work stealing), so both threads choose 横批; every row still gets its result exactly once."""
     import threading
 
-    from couplet import hengpi
-    from couplet.generate import Decoding
+    from couplet.serving.generate import Decoding
+    from couplet.writing import hengpi
 
     hengpi.clear_cache()  # every couplet's 横批 is scored, none remembered
     finisher, threads = Decoding.finisher, []
@@ -255,7 +255,7 @@ def test_a_failed_join_reaches_both_batches_and_the_engine_serves_on(embedded_lm
     visitors get the error, their reservations come back, and the worker lives on to serve the next visitor."""
     import threading
 
-    from couplet.generate import Decoding
+    from couplet.serving.generate import Decoding
 
     def out_of_memory(self, other):
         raise RuntimeError("CUDA out of memory (injected)")
@@ -319,7 +319,7 @@ def test_kv_in_use_counts_the_rows_past_their_prefill_and_each_pool_block_once(e
     cache-aware wave of four rows of a prompt the pool holds. Before its prefill it pins those blocks but has
     no tokens, so neither side counts it; at every step the pool blocks its rows all reference count once,
     not four times. (The two wrappers look at the stats, then call the real prefill and step.)"""
-    from couplet.generate import Decoding
+    from couplet.serving.generate import Decoding
 
     before, during = [], []
     prefill, step = Decoding.prefill, Decoding.step
@@ -344,7 +344,7 @@ def test_closing_during_a_long_last_forward_still_ends_every_stream(embedded_lm,
     finisher after `close()` returned: it still gets its 横批 and its stream ends, never left waiting."""
     import threading
 
-    from couplet.generate import Decoding
+    from couplet.serving.generate import Decoding
 
     step, inside, release = Decoding.step, threading.Event(), threading.Event()
 
@@ -416,10 +416,10 @@ def test_a_visitor_leaving_a_sliding_window_models_wave_leaves_the_others_writin
     from tiny_model import TINY_CHARS
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from couplet.generate import Decoding
-    from couplet.model import load_model
-    from couplet.phrases import HENGPI_PHRASES
-    from couplet.tokenizer import build_tokenizer
+    from couplet.models.loading import load_model
+    from couplet.models.tokenizer import build_tokenizer
+    from couplet.serving.generate import Decoding
+    from couplet.writing.phrases import HENGPI_PHRASES
 
     tok = build_tokenizer(Counter({c: 100 - i for i, c in enumerate(TINY_CHARS)}), vocab_size=len(TINY_CHARS) + 8,
                           must_include=HENGPI_PHRASES)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from couplet.evaluate import EvalConfig, main, parse_args
+from couplet.bench.quality import EvalConfig, main, parse_args
 from couplet.kvcache import MODE_INFO, MODES
 
 
@@ -80,10 +80,10 @@ def test_sweep_writes_a_quality_versus_compression_plot(tiny_checkpoint, keyword
 def test_following_a_couplet_reports_the_greedy_decisions(tiny_checkpoint):
     """Teacher-forced along full's couplet, `full` picks every free character it followed; a cache that evicts
     most of the prompt picks otherwise somewhere exactly when its own greedy couplet differs from full's."""
-    from couplet.evaluate import follow
-    from couplet.generate import CoupletRequest, generate
+    from couplet.bench.quality import follow
     from couplet.kvcache import PrefixPool
-    from couplet.model import load_model
+    from couplet.models.loading import load_model
+    from couplet.serving.generate import CoupletRequest, generate
 
     lm = load_model(str(tiny_checkpoint), dtype="float32", device="cpu")
     cfg = EvalConfig("unused", dtype="float32")
@@ -106,7 +106,7 @@ def test_a_greedy_decision_breaks_exact_ties_as_sampling_does():
     """bf16 logits tie exactly and often; the teacher-forced pick must be the one greedy decoding takes."""
     import torch
 
-    from couplet.generate import CoupletRequest, greedy_decision, sample
+    from couplet.serving.generate import CoupletRequest, greedy_decision, sample
 
     logits = torch.tensor([0.0, 2.5, 1.0, 2.5, -1.0])
     allowed = torch.tensor([True, True, True, True, False])

@@ -1,4 +1,4 @@
-"""Model families (`couplet.families`): the embedded format, and a GPT-2 couplet model with a BERT vocabulary
+"""Model families (`couplet.models.families`): the embedded format, and a GPT-2 couplet model with a BERT vocabulary
 (the uer/gpt2-chinese-couplet layout) built here at random — loaded through the same path as a hub model,
 writing structurally valid couplets (the constraints hold even with random weights) in every mode, with
 exact byte accounting. Families not wired in are refused with a clear message."""
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from tiny_model import TINY_CHARS
 
-from couplet.families import UnsupportedFamily, detect, parse_reply
-from couplet.generate import CoupletRequest, generate, prepare
 from couplet.kvcache import MODE_INFO, MODES, PrefixPool
-from couplet.model import UnsupportedModel, load_model
+from couplet.models.families import UnsupportedFamily, detect, parse_reply
+from couplet.models.loading import UnsupportedModel, load_model
+from couplet.serving.generate import CoupletRequest, generate, prepare
 
 BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "-", "，"]
 
@@ -97,8 +97,8 @@ def make_chat_model(path: Path, seed: int = 0) -> Path:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-    from couplet.families import SYSTEM_RULES
-    from couplet.prompt import HOUSE_COUPLETS
+    from couplet.models.families import SYSTEM_RULES
+    from couplet.writing.prompt import HOUSE_COUPLETS
 
     core = Tokenizer(models.BPE())
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -213,7 +213,7 @@ def test_a_t5_couplet_model_writes_the_lower_line_or_says_why_not(t5_couplet, mo
 
 
 def test_a_t5_couplet_model_refuses_keywords_and_eviction_clearly(t5_couplet):
-    from couplet.text import CoupletInputError
+    from couplet.writing.text import CoupletInputError
 
     with pytest.raises(CoupletInputError, match="只会对下联"):
         generate(t5_couplet, CoupletRequest("春风"))

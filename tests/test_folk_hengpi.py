@@ -1,4 +1,5 @@
-"""The project's own 春联 (`couplet.folk`) and the 横批 scored as the couplet's continuation (`couplet.hengpi`)."""
+"""The project's own 春联 (`couplet.writing.folk`) and the 横批 scored as the couplet's continuation
+(`couplet.writing.hengpi`)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,16 @@ from collections import Counter
 import pytest
 import torch
 
-from couplet import hengpi
-from couplet.data import Pair
-from couplet.exemplars import load_store
-from couplet.folk import folk_lines, load_folk
-from couplet.lexicon import has_negation, has_taboo, is_gloomy
-from couplet.prompt import HOUSE_COUPLETS
-from couplet.rules import check_couplet
-from couplet.scoring import sequence_logprobs
-from couplet.tokenizer import FormatIds, char_ids, entry_ids
-from couplet.train_context import ContextSampler, ContextTrainConfig
+from couplet.models.scoring import sequence_logprobs
+from couplet.models.tokenizer import FormatIds, char_ids, entry_ids
+from couplet.training.context import ContextSampler, ContextTrainConfig
+from couplet.training.corpus import Pair
+from couplet.writing import hengpi
+from couplet.writing.exemplars import load_store
+from couplet.writing.folk import folk_lines, load_folk
+from couplet.writing.lexicon import has_negation, has_taboo, is_gloomy
+from couplet.writing.prompt import HOUSE_COUPLETS
+from couplet.writing.rules import check_couplet
 
 
 def test_every_folk_couplet_passes_the_rules_and_the_voice(embedded_lm):

@@ -1,4 +1,4 @@
-"""The palace gate's HTML/CSS (couplet.gate) and the shipped font it is drawn in."""
+"""The palace gate's HTML/CSS (couplet.page.gate) and the shipped font it is drawn in."""
 
 import json
 import re
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from fontTools.ttLib import TTFont
 
-from couplet.gate import ASSETS_DIR, CSS_PATH, FONT_PATH, gate_css, render_gate
-from couplet.phrases import HENGPI_PHRASES
+from couplet.page.gate import ASSETS_DIR, CSS_PATH, FONT_PATH, gate_css, render_gate
+from couplet.writing.phrases import HENGPI_PHRASES
 
 ROOT = Path(__file__).resolve().parent.parent
 XSS = "<img src=x onerror=alert(1)>"

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from couplet.generate import CoupletRequest, generate, prepare, stream_modes
 from couplet.kvcache import MODE_INFO, MODES
-from couplet.text import CoupletInputError
-from couplet.tones import LEVEL, OBLIQUE, tone_class
+from couplet.serving.generate import CoupletRequest, generate, prepare, stream_modes
+from couplet.writing.text import CoupletInputError
+from couplet.writing.tones import LEVEL, OBLIQUE, tone_class
 
 KEYWORD_SETS = ["龙马精神", "福", "春风", "吉祥如意", "山水花鸟云", "明月"]
 
@@ -115,7 +115,7 @@ def test_a_half_read_stream_leaves_autograd_as_it_was(tiny_lm):
 def test_a_chunked_prefill_writes_what_the_whole_prefill_writes(tiny_lm, chunk):
     """`Decoding.prefill(chunk)`: a plain cache's left-padded prompts fed a few columns per call (the first chunk
     holds padding at 7) give the same couplets and count the same prompt tokens; other modes take it whole."""
-    from couplet.generate import Decoding, prepare
+    from couplet.serving.generate import Decoding, prepare
 
     preps = [prepare(tiny_lm, CoupletRequest(p)) for p in ("龙马精神", "春风", "五福临门")]
     runs = {}

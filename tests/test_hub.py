@@ -1,4 +1,5 @@
-"""Where a model comes from (`couplet.hub`, `couplet.model`): a folder, a Hugging Face id found in a real
+"""Where a model comes from (`couplet.models.hub`, `couplet.models.loading`):
+a folder, a Hugging Face id found in a real
 hub cache (huggingface_hub's own lookup, no network), ModelScope — and what happens offline.
 
 The only mocks: `_hf_download` / `_modelscope_download` replaced by functions that fail the way a download
@@ -15,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from couplet import hub
-from couplet.hub import ModelUnavailable, parse_source, resolve
-from couplet.model import EMBEDDED_MODEL, UnsupportedModel, load_model, load_model_or_embedded
+from couplet.models import hub
+from couplet.models.hub import ModelUnavailable, parse_source, resolve
+from couplet.models.loading import EMBEDDED_MODEL, UnsupportedModel, load_model, load_model_or_embedded
 
 
 def offline_download(name: str, local_files_only: bool) -> str:
@@ -109,7 +110,7 @@ def test_int8_weights_log_the_bitsandbytes_cast_note_once(caplog):
 
     import torch
 
-    from couplet.model import quantization_config
+    from couplet.models.loading import quantization_config
 
     config = quantization_config("int8", "cuda", torch.bfloat16)  # builds the config only: no GPU needed
     assert config.load_in_8bit

@@ -134,7 +134,7 @@ def test_the_prefill_counts_the_pool_blocks_it_computed(tiny_lm, mode: str) -> N
     tokens computed where 19% were). Warm, only the tail past the last whole block is computed. A wave
     computes each distinct block once: rows with the same prompt, or with different keywords after the
     same house prefix, share what they have in common."""
-    from couplet.generate import CoupletRequest, Decoding, generate, prepare
+    from couplet.serving.generate import CoupletRequest, Decoding, generate, prepare
 
     pool = PrefixPool()
     prep = prepare(tiny_lm, CoupletRequest("春风"))
@@ -201,8 +201,8 @@ def test_the_scratch_that_computes_blocks_holds_what_admission_counts(tiny_lm, m
     """`Composition.scratch_tokens` (what the engine and `owned_peak_bytes` count for the blocks being computed
     at full precision) bounds the tokens of every forward that computes a cold prompt's pool blocks: a lossy
     pool's runs of 8 blocks, a fraction of the ~430-token prompt; a lossless pool's whole run at once."""
-    from couplet.generate import CoupletRequest, generate, prepare
-    from couplet.kvcache.sharing import Sharing
+    from couplet.kvcache.pool_protocol import Sharing
+    from couplet.serving.generate import CoupletRequest, generate, prepare
 
     widths: list[int] = []
     compute = Sharing._compute_blocks

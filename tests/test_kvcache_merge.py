@@ -93,7 +93,7 @@ def test_merged_slots_count_in_the_budget_and_ratio_one_changes_nothing(tiny_lla
 
 @pytest.mark.slow
 def test_a_batch_with_merge_writes_what_each_row_writes_alone(embedded_lm) -> None:
-    from couplet.generate import CoupletRequest, Decoding, generate, prepare
+    from couplet.serving.generate import CoupletRequest, Decoding, generate, prepare
 
     phrases = ["龙马精神", "春风", "五福临门"]  # prompts of different lengths: left-padded
     run = Decoding(embedded_lm, [prepare(embedded_lm, CoupletRequest(p)) for p in phrases], "selective",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from couplet.kvcache.quant import dequantize, gather_rows, pack_int4, quantize, unpack_int4
+from couplet.kvcache.codec import dequantize, gather_rows, pack_int4, quantize, unpack_int4
 from couplet.kvcache.storage import QuantStore, storage_bytes
 
 torch.set_num_threads(1)

@@ -10,7 +10,7 @@ from conftest import build_tiny_lm
 from couplet.kvcache import ScoreView, make_mode
 from couplet.kvcache.attention import attention_scores, install_attention
 from couplet.kvcache.retention import RowState, keep_counts, plan
-from couplet.placement import couplet_protection
+from couplet.writing.placement import couplet_protection
 
 torch.set_num_threads(1)
 

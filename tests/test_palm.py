@@ -1,4 +1,4 @@
-"""ModelScope's PALM 2.0, the source article's model (`couplet.palm`): a tiny random PALM built with ModelScope's
+"""ModelScope's PALM 2.0, the source article's model (`couplet.models.palm`): a tiny random PALM built with ModelScope's
 own classes, put where ModelScope's client caches a download, and loaded as `modelscope:ORG/NAME` through
 the real client (offline: the cache is all it reads). Our loop's decoder matches PALM's own, logit for logit;
 it writes structurally valid couplets from keywords and 对下联 in every mode it supports, with exact
@@ -17,10 +17,10 @@ import pytest
 import torch
 from tiny_model import TINY_CHARS
 
-from couplet.generate import CoupletRequest, Decoding, generate, prepare
 from couplet.kvcache import MODE_INFO, MODES, make_mode
-from couplet.model import load_model
-from couplet.palm import save_random_palm
+from couplet.models.loading import load_model
+from couplet.models.palm import save_random_palm
+from couplet.serving.generate import CoupletRequest, Decoding, generate, prepare
 
 HUB_ID = "damo/nlp_palm2.0_text-generation_chinese-base"  # the article's model, as ModelScope names it
 DEC_LAYERS, DEC_HIDDEN = 2, 32
@@ -55,7 +55,7 @@ def test_palm_loads_through_the_modelscope_client_as_its_own_family(palm_lm):
 def test_the_decoder_matches_palms_own_logit_for_logit(palm_lm):
     """The same log-probs as PALM's decoder with its dict cache (as its Translator drives it): one token per
     forward, and with two tokens in one forward (the line break rides along with the last 上联 character)."""
-    from couplet.palm import palm_reference_logits
+    from couplet.models.palm import palm_reference_logits
 
     tok, model = palm_lm.tokenizer, palm_lm.model
     enc = tok("春风明月水", return_tensors="pt")
@@ -113,7 +113,7 @@ def test_a_row_does_not_depend_on_its_batch(palm_lm):
 
 
 def test_a_wrong_checkpoint_and_weight_quantization_are_refused_with_the_reason(palm_folder, tmp_path):
-    from couplet.palm import load_palm
+    from couplet.models.palm import load_palm
 
     with pytest.raises(ValueError, match="PALM 不支持 --weights nf4"):
         load_palm(str(palm_folder), "cuda", torch.float16, "nf4")
@@ -136,7 +136,7 @@ def test_the_cli_writes_a_lower_line_with_palm(palm_folder):
 def test_the_engine_serves_keywords_and_duixia_side_by_side(palm_lm):
     """Requests of both tasks at once: an encoder–decoder's waves each hold one task (a 对下联 row feeds no
     上联), and every request writes what it writes alone."""
-    from couplet.engine import Engine, EngineConfig
+    from couplet.serving.engine import Engine, EngineConfig
 
     requests = [CoupletRequest("春风"), CoupletRequest("", upper="春回大地千山秀", task="duixia"),
                 CoupletRequest("龙马精神"), CoupletRequest("", upper="福满人间喜气多", task="duixia")]

@@ -1,4 +1,4 @@
-"""The printable 春联 (`couplet.printing`), read back: the PDF with pypdf (pages, text, embedded font), the
+"""The printable 春联 (`couplet.page.printing`), read back: the PDF with pypdf (pages, text, embedded font), the
 PNGs with Pillow (sizes), the SVGs as XML (one glyph path per character) — and the refusals."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pypdf
 import pytest
 from PIL import Image
 
-from couplet.printing import CELL_MM, PAD, PrintConfig, glyphs, print_set, tiles
-from couplet.text import CoupletInputError
+from couplet.page.printing import CELL_MM, PAD, PrintConfig, glyphs, print_set, tiles
+from couplet.writing.text import CoupletInputError
 
 UPPER, LOWER, HENGPI = "天增岁月人增寿", "春满乾坤福满门", "万象更新"
 SVG = "{http://www.w3.org/2000/svg}"
@@ -139,12 +139,12 @@ def test_bad_print_options_are_refused(cfg):
 
 
 def test_cli_writes_the_set_and_refuses_bad_input_with_one_line(tmp_path):
-    ok = subprocess.run([sys.executable, "-m", "couplet.printing", UPPER, LOWER, HENGPI, "--out", str(tmp_path),
+    ok = subprocess.run([sys.executable, "-m", "couplet.page.printing", UPPER, LOWER, HENGPI, "--out", str(tmp_path),
                          "--no-fu"], capture_output=True, text=True, check=False)
     assert ok.returncode == 0, ok.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["chunlian.pdf", *(f"{s}.{e}" for s in ("shanglian", "xialian", "hengpi") for e in ("png", "svg"))])
-    bad = subprocess.run([sys.executable, "-m", "couplet.printing", "天增岁月", LOWER, HENGPI, "--out",
+    bad = subprocess.run([sys.executable, "-m", "couplet.page.printing", "天增岁月", LOWER, HENGPI, "--out",
                           str(tmp_path / "bad")], capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.count("\n") == 1 and "上下联字数须相同" in bad.stderr

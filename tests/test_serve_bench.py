@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from couplet.serve_bench import ServeConfig, main, parse_args, phrases, workload
+from couplet.bench.serve import ServeConfig, main, parse_args, phrases, workload
 
 
 def test_the_workload_is_zipf_over_enough_phrases() -> None:
@@ -62,10 +62,10 @@ def test_serve_reports_every_figure_per_mode(tiny_checkpoint, tmp_path, capsys) 
 def test_every_mode_is_measured_from_the_same_state(tiny_checkpoint) -> None:
     """The 横批 is cached per couplet; a mode measured after `full` must not find its couplets' 横批 already
     chosen (it looked up to ~15% faster): each mode's run computes them again."""
-    from couplet import hengpi
-    from couplet.generate import CoupletRequest, prepare
-    from couplet.model import load_model
-    from couplet.serve_bench import run_mode
+    from couplet.bench.serve import run_mode
+    from couplet.models.loading import load_model
+    from couplet.serving.generate import CoupletRequest, prepare
+    from couplet.writing import hengpi
 
     lm = load_model(str(tiny_checkpoint), "cpu", "float32")
     cfg = parse_args(["--visitors", "4", "--max-batch", "2"])
@@ -80,7 +80,7 @@ def test_every_mode_is_measured_from_the_same_state(tiny_checkpoint) -> None:
 
 
 def test_prompt_kv_is_split_by_how_many_visitors_typed_the_keywords() -> None:
-    from couplet.serve_bench import prompt_kv_by_popularity
+    from couplet.bench.serve import prompt_kv_by_popularity
 
     typed = ["吉祥如意"] * 70 + ["平安"] * 5 + ["耕读传家", "耕读传家"]
     ratios = [0.03] * 70 + [0.1] * 5 + [0.4]  # the last visitor got no result: left out

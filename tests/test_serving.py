@@ -15,14 +15,14 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from couplet.generate import CoupletRequest, generate, prepare
 from couplet.kvcache.layer import KVGeometry
-from couplet.rules import check_couplet
-from couplet.serving import BackendConfig, BackendError, free_port
-from couplet.serving.rules import RowRules, RowSpec, spec_for
-from couplet.serving.vllm_client import VllmClient, parse_metrics, prompt_for
-from couplet.serving.vllm_client import decode as remote_decode
-from couplet.text import is_han
+from couplet.serving.backends import BackendConfig, BackendError, free_port
+from couplet.serving.generate import CoupletRequest, generate, prepare
+from couplet.vllm_backend.client import VllmClient, parse_metrics, prompt_for
+from couplet.vllm_backend.client import decode as remote_decode
+from couplet.vllm_backend.logit_rules import RowRules, RowSpec, spec_for
+from couplet.writing.rules import check_couplet
+from couplet.writing.text import is_han
 
 
 def drive(lm, prep, rules: RowRules) -> list[int]:

@@ -1,4 +1,4 @@
-"""The share link's query string (`couplet.share`): what it holds, what a wrong value becomes."""
+"""The share link's query string (`couplet.page.share`): what it holds, what a wrong value becomes."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
-from couplet.calendar import DEFAULT_YEAR
 from couplet.kvcache import MODES
-from couplet.share import MAX_VALUE_CHARS, ShareLink, parse_query, share_url
+from couplet.page.share import MAX_VALUE_CHARS, ShareLink, parse_query, share_url
+from couplet.writing.calendar import DEFAULT_YEAR
 
 
 def roundtrip(link: ShareLink) -> ShareLink:

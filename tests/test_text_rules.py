@@ -2,10 +2,10 @@
 
 import pytest
 
-from couplet.placement import place_keywords
-from couplet.rules import check_couplet, parallelism, rhythm_positions
-from couplet.text import CoupletInputError, normalize_keywords
-from couplet.tones import LEVEL, OBLIQUE, tone_class
+from couplet.writing.placement import place_keywords
+from couplet.writing.rules import check_couplet, parallelism, rhythm_positions
+from couplet.writing.text import CoupletInputError, normalize_keywords
+from couplet.writing.tones import LEVEL, OBLIQUE, tone_class
 
 
 def test_traditional_and_full_width_are_normalised_with_notes():

@@ -7,12 +7,12 @@ import random
 
 import torch
 
-from couplet.data import Pair
-from couplet.exemplars import STORE, load_store, read_store
-from couplet.lexicon import style_of
-from couplet.prompt import house_ids
-from couplet.tokenizer import FormatIds
-from couplet.train_context import ContextSampler, ContextTrainConfig, batch, main
+from couplet.models.tokenizer import FormatIds
+from couplet.training.context import ContextSampler, ContextTrainConfig, batch, main
+from couplet.training.corpus import Pair
+from couplet.writing.exemplars import STORE, load_store, read_store
+from couplet.writing.lexicon import style_of
+from couplet.writing.prompt import house_ids
 
 
 def _pairs() -> list[Pair]:

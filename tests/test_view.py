@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from couplet.view import peak_panel_html
+from couplet.page.view import peak_panel_html
 
 
 def bench(modes: dict[str, float]) -> dict:

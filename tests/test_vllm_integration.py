@@ -12,12 +12,12 @@ import httpx
 import pytest
 import vllm_servers
 
-from couplet.generate import CoupletRequest, prepare
 from couplet.kvcache.layer import KVGeometry
-from couplet.rules import check_couplet
-from couplet.serving import VLLM_VENV
-from couplet.serving.vllm_client import VllmClient, decode, generate
-from couplet.text import is_han
+from couplet.serving.backends import VLLM_VENV
+from couplet.serving.generate import CoupletRequest, prepare
+from couplet.vllm_backend.client import VllmClient, decode, generate
+from couplet.writing.rules import check_couplet
+from couplet.writing.text import is_han
 
 
 def _server(dtype: str) -> str:
@@ -127,9 +127,9 @@ def test_a_spec_the_server_cannot_follow_ends_that_request_and_the_server_lives_
     message, and the next visitor is served."""
     from dataclasses import replace
 
-    from couplet.serving import BackendError
-    from couplet.serving.rules import RowSpec, spec_for
-    from couplet.serving.vllm_client import prompt_for
+    from couplet.serving.backends import BackendError
+    from couplet.vllm_backend.client import prompt_for
+    from couplet.vllm_backend.logit_rules import RowSpec, spec_for
 
     prep = prepare(embedded_lm, CoupletRequest("春风"))
     spec = replace(spec_for(prep, embedded_lm.family), upper={0: "𠀀"})

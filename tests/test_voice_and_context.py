@@ -11,18 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from couplet.constraints import COPY_RUN, LineConstraints, copy_runs
-from couplet.data import Pair, is_heldout
-from couplet.evaluate import copies, template_repeat, voice_report
+from couplet.bench.quality import copies, template_repeat, voice_report
 from couplet.events import CoupletResult
-from couplet.exemplars import MAX_PAIRS, STORE, load_store, read_store
-from couplet.folk import load_folk
-from couplet.generate import CoupletRequest, generate, prepare
-from couplet.lexicon import NEGATION, TABOO, VoiceConfig, is_gloomy, style_of
-from couplet.placement import Placement
-from couplet.prompt import HOUSE_COUPLETS, PromptConfig, build_context
-from couplet.rules import check_couplet
-from couplet.tokenizer import prompt_ids
+from couplet.models.tokenizer import prompt_ids
+from couplet.serving.generate import CoupletRequest, generate, prepare
+from couplet.training.corpus import Pair, is_heldout
+from couplet.writing.constraints import COPY_RUN, LineConstraints, copy_runs
+from couplet.writing.exemplars import MAX_PAIRS, STORE, load_store, read_store
+from couplet.writing.folk import load_folk
+from couplet.writing.lexicon import NEGATION, TABOO, VoiceConfig, is_gloomy, style_of
+from couplet.writing.placement import Placement
+from couplet.writing.prompt import HOUSE_COUPLETS, PromptConfig, build_context
+from couplet.writing.rules import check_couplet
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -193,6 +193,6 @@ def test_voice_figures_count_what_the_model_chose():
 
 def test_store_readme_names_the_builder():
     text = (STORE.parent / "README.md").read_text(encoding="utf-8")
-    assert "python -m couplet.exemplars build" in text and "chinese-poetry" in text
+    assert "python -m couplet.writing.exemplars build" in text and "chinese-poetry" in text
     with lzma.open(STORE, "rt", encoding="utf-8") as f:
         assert f.readline().strip() == "upper\tlower"

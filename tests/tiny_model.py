@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from couplet.phrases import HENGPI_PHRASES
-from couplet.tokenizer import build_tokenizer
-from couplet.train import PRESETS
+from couplet.models.tokenizer import build_tokenizer
+from couplet.training.pairs import PRESETS
+from couplet.writing.phrases import HENGPI_PHRASES
 
 # Enough characters of both tones for the constraints to have choices at every position.
 TINY_CHARS = "春风明月山水花鸟云天江河东西南北红绿青白金玉龙马虎牛福寿喜安平和家国年岁诗书琴酒松竹梅兰"
@@ -37,8 +37,8 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_lm(tiny_checkpoint):
-    """The tiny checkpoint loaded back through `couplet.model.load_model` (Auto classes), float32 CPU."""
-    from couplet.model import load_model
+    """The tiny checkpoint loaded back through `couplet.models.loading.load_model` (Auto classes), float32 CPU."""
+    from couplet.models.loading import load_model
 
     return load_model(str(tiny_checkpoint), device="cpu", dtype="float32")
 
@@ -47,7 +47,7 @@ def tiny_lm(tiny_checkpoint):
 def embedded_lm():
     """The real embedded model from assets/model, float32, on CPU (`COUPLET_TEST_DEVICE=cuda`: on a GPU, as
     scripts/gpu_check.sh runs the engine's tests there)."""
-    from couplet.model import EMBEDDED_MODEL, load_model
+    from couplet.models.loading import EMBEDDED_MODEL, load_model
 
     if not (EMBEDDED_MODEL / "model.safetensors").exists():
         pytest.fail("the embedded model is missing: assets/model/model.safetensors must be committed")

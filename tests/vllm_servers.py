@@ -1,5 +1,5 @@
 """Real vLLM CPU servers for tests/test_vllm_integration.py, started with scripts/vllm_serve.sh (through the
-benchmark's `couplet.serving.bench.Server`) on the embedded checkpoint at a tiny KV budget: one with a bf16 KV
+benchmark's `couplet.bench.vllm.Server`) on the embedded checkpoint at a tiny KV budget: one with a bf16 KV
 cache, and one with fp8 at the same budget in bytes where this machine can run it.
 
 They take about a minute to start (three processes import vLLM), so conftest.py starts them in the background
@@ -20,8 +20,8 @@ from contextlib import contextmanager
 
 import httpx
 
-from couplet.serving import VLLM_VENV, free_port
-from couplet.serving.bench import ROOT, Server
+from couplet.bench.vllm import ROOT, Server
+from couplet.serving.backends import VLLM_VENV, free_port
 
 KV_BYTES = 2 * 1024 * 1024  # 2 MiB: 42 blocks of 32 tokens in bf16 for the embedded model, about 3 requests
 SERVERS: dict[str, Server] = {}

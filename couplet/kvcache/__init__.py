@@ -10,10 +10,11 @@
         stats = session.stats()                  # couplet.events.KVStats
     policy.describe()  # "selective: ratio=0.5, sinks=0, recent=8, floor=4, decay=0.5, keep_prompt=False"
 
-A mode is a composition (`base.py`): a storage format (`storage.py`, `quant.py`: full precision, int8,
-int4) × a retention policy (`retention.py`; `window.py`, `selective.py`, `snapkv.py`: knobs and one
-`score`) × a sharing policy (`shared.py`; the pool protocol in `sharing.py`, the pool in `pool.py`). One
-factory, `build_session`, makes the session (`session.py`) for any composition; `combo` is one. The modes
+A mode is a `Policy` (`policy.py`) composed of parts (`base.py`): a storage format (`storage.py`, `codec.py`:
+full precision, int8, int4) × a retention policy (`retention.py`; `window.py`, `selective.py`, `snapkv.py`:
+knobs and one `score`) × a sharing policy (`shared.py`; the pool protocol in `pool_protocol.py`, the pool in
+`pool.py`). One factory, `build_session` (`policy.py`), makes the session (`session.py`) for any composition;
+`combo` is one. `options.py` parses `--set MODE.FIELD=VALUE` for the CLI and the benchmarks. The modes
 and everything known about them (label, colour, budget knob and sweep, byte target): `registry.py`.
 
 Contract of `ModeSession.forward(input_ids, attention_mask=None)`:
@@ -27,15 +28,20 @@ Contract of `ModeSession.forward(input_ids, attention_mask=None)`:
 over the batch; `stats_per_row()` one per row.
 """
 
-from couplet.kvcache.attention import ATTENTION_NAME, install_attention
-from couplet.kvcache.base import Composition, Policy, build_session
-from couplet.kvcache.pool import PrefixPool, default_pool
+from couplet.kvcache.attention import ATTENTION_NAME, install_attention, recording_sdpa_attention
+from couplet.kvcache.base import Composition
+from couplet.kvcache.layer import KVGeometry
+from couplet.kvcache.options import parse_settings
+from couplet.kvcache.policy import Policy, build_session
+from couplet.kvcache.pool import Block, Lease, PrefixPool, chain_keys, default_pool
+from couplet.kvcache.pool_protocol import model_namespace
 from couplet.kvcache.registry import MODE_INFO, MODES, ModeInfo, make_mode, option_names, parse_modes
 from couplet.kvcache.retention import Retention, ScoreView
 from couplet.kvcache.session import ModeSession
 
 __all__ = [
-    "ATTENTION_NAME", "MODES", "MODE_INFO", "Composition", "ModeInfo", "ModeSession", "Policy", "PrefixPool",
-    "Retention", "ScoreView", "build_session", "default_pool", "install_attention", "make_mode", "option_names",
-    "parse_modes",
+    "ATTENTION_NAME", "MODES", "MODE_INFO", "Block", "Composition", "KVGeometry", "Lease", "ModeInfo", "ModeSession",
+    "Policy", "PrefixPool", "Retention", "ScoreView", "build_session", "chain_keys", "default_pool",
+    "install_attention", "make_mode", "model_namespace", "option_names", "parse_modes", "parse_settings",
+    "recording_sdpa_attention",
 ]

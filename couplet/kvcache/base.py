@@ -16,19 +16,17 @@ its own: its `compose()` fills the other two with "plain" and "none".
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from couplet.kvcache.attention import install_attention
-from couplet.kvcache.layer import CompressedCache, FullCache, KVGeometry, attention_layers
+from couplet.kvcache.layer import KVGeometry
 from couplet.kvcache.pool import PrefixPool
-from couplet.kvcache.sharing import LOSSY_RUN_BLOCKS
+from couplet.kvcache.pool_protocol import LOSSY_RUN_BLOCKS
 from couplet.kvcache.storage import BlockCodec, PlainCodec, PlainStore, Store
 
 if TYPE_CHECKING:
+    from couplet.kvcache.pool_protocol import Sharing
     from couplet.kvcache.retention import Retention
-    from couplet.kvcache.session import ModeSession
-    from couplet.kvcache.sharing import Sharing
 
 
 class Storage(Protocol):
@@ -163,47 +161,6 @@ def lookahead_tokens(retention: Retention | None, pooled: bool) -> int:
     if retention is None or not retention.uses_attention or retention.keep_prompt or pooled:
         return 0
     return retention.lookahead
-
-
-class Policy:
-    """A mode's configuration. Subclasses are `@dataclass`es with a `name` and a `compose()`."""
-
-    name: ClassVar[str]
-
-    def compose(self) -> Composition:
-        raise NotImplementedError
-
-    def describe(self) -> str:
-        """One-line summary of the knobs, for logs: `selective: ratio=0.5, sinks=0, recent=4, floor=4, …`."""
-        knobs = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))  # type: ignore[arg-type]
-        return f"{self.name}: {knobs}" if knobs else f"{self.name}: no knobs"
-
-    def new_session(self, model: Any, pool: PrefixPool | None = None) -> ModeSession:
-        return build_session(self.name, self.compose(), model, pool)
-
-
-def build_session(name: str, parts: Composition, model: Any, pool: PrefixPool | None = None) -> ModeSession:
-    """The session for any composition. Plain storage with nothing else is transformers' DynamicCache itself
-    (the baseline every other mode is measured against); anything else is a `CompressedCache`."""
-    from couplet.kvcache.session import ModeSession
-
-    install_attention(model)
-    retention = parts.retention
-    if parts.plain:
-        return ModeSession(name, model, FullCache(config=model.config))
-    cache = CompressedCache(attention_layers(model), parts.storage.make_store,
-                            wants_scores=retention is not None and retention.uses_attention,
-                            track_positions=retention is not None,
-                            score_decay=1.0 if retention is None else retention.score_decay)
-    sharing = None if parts.sharing is None else parts.sharing.sharing(model, pool, parts.storage.codec())
-    if retention is not None and retention.merge:
-        if sharing is not None:  # cascade attention over pool blocks has no merged slot
-            raise ValueError("merge cannot be combined with a prefix pool")
-        config = model.config.get_text_config()
-        cache.merged_slots = config.num_attention_heads // cache.geometry.kv_heads  # one per query head
-        for layer in cache.compressed:
-            layer.merging = True
-    return ModeSession(name, model, cache, retention=retention, sharing=sharing)
 
 
 def check_int(name: str, value: object, low: int, high: int | None = None) -> None:

@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from couplet.kvcache.base import Composition, Policy, check_choice
+from couplet.kvcache.base import Composition, check_choice
+from couplet.kvcache.policy import Policy
 from couplet.kvcache.quantized import Int4Policy, Int8Policy
 from couplet.kvcache.selective import SelectivePolicy
 from couplet.kvcache.shared import SharedPolicy

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from couplet.kvcache.base import Composition, Policy
+from couplet.kvcache.base import Composition
+from couplet.kvcache.policy import Policy
 
 
 @dataclass

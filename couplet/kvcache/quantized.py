@@ -22,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from couplet.kvcache.base import Composition, Policy, check_bool, check_choice, check_int
+from couplet.kvcache.base import Composition, check_bool, check_choice, check_int
+from couplet.kvcache.policy import Policy
 from couplet.kvcache.storage import QuantCodec, QuantStore
 
 KEY_AXES = ("token", "channel")

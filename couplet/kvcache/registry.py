@@ -10,9 +10,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from typing import Any
 
-from couplet.kvcache.base import Policy
 from couplet.kvcache.combo import ComboPolicy
 from couplet.kvcache.full import FullPolicy
+from couplet.kvcache.policy import Policy
 from couplet.kvcache.quantized import Int4Policy, Int8Policy
 from couplet.kvcache.selective import SelectivePolicy
 from couplet.kvcache.shared import SharedPolicy

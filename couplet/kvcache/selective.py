@@ -8,7 +8,8 @@ from typing import ClassVar
 
 import torch
 
-from couplet.kvcache.base import Policy, check_int, check_number
+from couplet.kvcache.base import check_int, check_number
+from couplet.kvcache.policy import Policy
 from couplet.kvcache.retention import Retention, ScoreView
 
 
@@ -23,7 +24,7 @@ class SelectivePolicy(Retention, Policy):
     queries — normalised for how long it has been visible, so early tokens do not win just by being old.
     decay=1.0 is the H2O mean (every step counts alike); decay=0.0 is TOVA (the latest query's attention
     only). Always kept: the first `sinks` tokens and the last `recent`; next, the positions the generation
-    loop protects via `ModeSession.protect` (`couplet.placement.couplet_protection`: the keywords while
+    loop protects via `ModeSession.protect` (`couplet.writing.placement.couplet_protection`: the keywords while
     the 上联 is written, the 上联 characters the 下联 has yet to mirror); then the best scores, up to
     max(floor, sinks + recent, ceil(ratio * expected)) tokens per row, `expected` being the request's
     whole length when the generation loop gives it (`ModeSession.expect`; else the tokens seen so far).

@@ -2,7 +2,7 @@
 
 The generation loop calls `forward` for the prefill and then once per new token. A forward reads as a
 story: logical positions → attention mask → the model (recording attention when retention scores by it) →
-publish the prompt's blocks to the prefix pool (first forward of `shared`/`combo`, `sharing.py`) → evict
+publish the prompt's blocks to the prefix pool (first forward of `shared`/`combo`, `pool_protocol.py`) → evict
 (`retention.py`). The session keeps what the model must not get wrong after compression:
 - logical positions: each row's next position is the number of real tokens it has seen, passed as
   explicit `position_ids` (rotary and learned absolute positions alike), whatever is stored;
@@ -25,8 +25,8 @@ from couplet.events import KVStats
 from couplet.kvcache.attention import Recording, recording
 from couplet.kvcache.base import lookahead_tokens
 from couplet.kvcache.layer import CompressedCache, FullCache
+from couplet.kvcache.pool_protocol import Flags, Sharing
 from couplet.kvcache.retention import Retention, RowState, evict
-from couplet.kvcache.sharing import Flags, Sharing
 
 
 class ModeSession:

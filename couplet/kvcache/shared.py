@@ -1,14 +1,15 @@
 """`shared`: the prompt's KV comes from the process-wide prefix pool (vLLM automatic prefix caching /
-SGLang RadixAttention); the request owns only its suffix. The protocol is `sharing.py`'s."""
+SGLang RadixAttention); the request owns only its suffix. The protocol is `pool_protocol.py`'s."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from couplet.kvcache.base import Composition, Policy, check_int
+from couplet.kvcache.base import Composition, check_int
+from couplet.kvcache.policy import Policy
 from couplet.kvcache.pool import PrefixPool, default_pool
-from couplet.kvcache.sharing import Sharing, model_namespace
+from couplet.kvcache.pool_protocol import Sharing, model_namespace
 from couplet.kvcache.storage import BlockCodec
 
 
@@ -16,7 +17,7 @@ from couplet.kvcache.storage import BlockCodec
 class SharedPolicy(Policy):
     """Prompt blocks of `block_size` tokens are looked up by hash chain on the first forward and referenced
     (read-only) instead of recomputed; new whole blocks are published for later requests. The default 8
-    suits the long prompt (`couplet.prompt`: a 301-token house prefix, then ~100 tokens of exemplars): 37
+    suits the long prompt (`couplet.writing.prompt`: a 301-token house prefix, then ~100 tokens of exemplars): 37
     whole blocks (296 tokens) of house prefix are shared by every visitor, so a visitor with other keywords
     computes ~29% of a 415-token prompt (16-token blocks, vLLM's default, would share 288 and leave 31%),
     and a cold pool computes each distinct run of missing blocks once per wave (`Sharing._complete_chains`).

@@ -19,7 +19,8 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from couplet.kvcache.base import Policy, check_int
+from couplet.kvcache.base import check_int
+from couplet.kvcache.policy import Policy
 from couplet.kvcache.retention import Retention, ScoreView
 
 

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import torch
 
-from couplet.kvcache.quant import (
+from couplet.kvcache.codec import (
     QuantRows,
     cat_rows,
     check_format,

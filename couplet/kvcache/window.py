@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import torch
 
-from couplet.kvcache.base import Policy
+from couplet.kvcache.policy import Policy
 from couplet.kvcache.retention import Retention, ScoreView
 
 

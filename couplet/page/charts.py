@@ -1,0 +1,183 @@
+"""Plotly figures of the per-step records (`couplet.events.StepRecord`), redrawn on every decode step.
+
+Each figure is rebuilt from scratch per update, so it is kept small: no default template (`template="none"`
+plus a few layout keys, ~1 KB instead of ~7 KB), and a constant `uirevision` so the visitor's zoom and
+legend toggles survive the stream of updates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import plotly.graph_objects as go
+
+from couplet.events import StepRecord
+from couplet.kvcache import MODE_INFO
+
+if TYPE_CHECKING:
+    from couplet.vllm_backend.client import EngineGauges
+
+_FALLBACK_COLORS = ("#c2185b", "#00838f", "#6d4c41", "#558b2f")  # modes outside the registry (none today)
+FULL_EQUIVALENT_COLOR = "#9e9e9e"
+FONT_FAMILY = '"CoupletKai", "LXGW WenKai", "Noto Sans CJK SC", sans-serif'
+UIREVISION = "couplet-steps"
+STEP_AXIS = "解码步"
+KV_AXIS = "KV 缓存 (KB)"
+MEMORY_AXIS = "显存占用 (MB)"
+NO_GPU_NOTE = ("此处没有 GPU，在 CPU 上运行，没有显存数据可画（不编造数字）。"
+               "<br>改为显示：所有模式合计持有的 KV 缓存 (KB)。")
+KB, MB = 1024, 1024 * 1024
+
+
+def mode_color(mode: str) -> str:
+    """The fixed colour of a mode (`MODE_INFO`); a name outside the registry gets a stable spare colour."""
+    if mode in MODE_INFO:
+        return MODE_INFO[mode].color
+    return _FALLBACK_COLORS[sum(map(ord, mode)) % len(_FALLBACK_COLORS)]
+
+
+def _layout(fig: go.Figure, title: str, y_title: str) -> go.Figure:
+    fig.update_layout(
+        template="none",
+        title={"text": title, "x": 0.01, "font": {"size": 16, "color": "#7d1010"}},
+        font={"family": FONT_FAMILY, "size": 13, "color": "#2a1410"},
+        paper_bgcolor="#fffaf0",
+        plot_bgcolor="#fffdf7",
+        margin={"l": 60, "r": 16, "t": 48, "b": 136},
+        height=400,
+        hovermode="x unified",
+        legend={"orientation": "h", "y": -0.4, "yanchor": "top", "x": 0, "bgcolor": "rgba(0,0,0,0)"},
+        uirevision=UIREVISION,
+        xaxis={"title": {"text": STEP_AXIS}, "gridcolor": "#f0e2bd", "zeroline": False, "rangemode": "tozero"},
+        yaxis={"title": {"text": y_title}, "gridcolor": "#f0e2bd", "zeroline": False, "rangemode": "tozero"},
+    )
+    return fig
+
+
+def _line(mode: str, label: str, steps: Sequence[int], values: Sequence[float | None], tokens: Sequence[str],
+          unit: str) -> go.Scatter:
+    return go.Scatter(
+        x=steps, y=values, customdata=tokens, name=label, meta=mode, mode="lines+markers",
+        line={"color": mode_color(mode), "width": 2.5}, marker={"size": 5},
+        hovertemplate=f"{label} · 「%{{customdata}}」 %{{y:.1f}} {unit}<extra></extra>",
+    )
+
+
+def kv_figure(records_by_mode: Mapping[str, Sequence[StepRecord]], labels: Mapping[str, str]) -> go.Figure:
+    """KV bytes each mode holds (own + its share of pooled prefix blocks) per decode step, in KB, one line
+    per mode, plus a dashed line for what the uncompressed cache would hold at the same length."""
+    fig = go.Figure()
+    full_equivalent: dict[int, int] = {}
+    for mode, records in records_by_mode.items():
+        steps = [r.step for r in records]
+        values = [(r.kv_bytes + r.shared_bytes) / KB for r in records]
+        fig.add_trace(_line(mode, labels.get(mode, mode), steps, values, [r.token for r in records], "KB"))
+        for r in records:
+            full_equivalent[r.step] = max(full_equivalent.get(r.step, 0), r.full_equivalent_bytes)
+    if full_equivalent:
+        steps = sorted(full_equivalent)
+        fig.add_trace(go.Scatter(
+            x=steps, y=[full_equivalent[s] / KB for s in steps], name="未压缩等价", meta="full-equivalent",
+            mode="lines", line={"color": FULL_EQUIVALENT_COLOR, "width": 1.5, "dash": "dash"},
+            hovertemplate="未压缩等价 %{y:.1f} KB<extra></extra>",
+        ))
+    return _layout(fig, "每步 KV 缓存", KV_AXIS)
+
+
+def memory_figure(records_by_mode: Mapping[str, Sequence[StepRecord]], labels: Mapping[str, str]) -> go.Figure:
+    """Device memory per step (CUDA allocator, MB), one line per mode. On CPU (every value None) there is
+    nothing true to plot, so the figure says so and shows the KV bytes all modes hold together instead."""
+    has_device = any(r.device_allocated is not None for records in records_by_mode.values() for r in records)
+    fig = go.Figure()
+    if has_device:
+        for mode, records in records_by_mode.items():
+            values = [None if r.device_allocated is None else r.device_allocated / MB for r in records]
+            fig.add_trace(_line(mode, labels.get(mode, mode), [r.step for r in records], values,
+                                [r.token for r in records], "MB"))
+        return _layout(fig, "每步显存占用（CUDA 分配器）", MEMORY_AXIS)
+
+    total: dict[int, int] = {}
+    for records in records_by_mode.values():
+        for r in records:
+            total[r.step] = total.get(r.step, 0) + r.kv_bytes + r.shared_bytes
+    steps = sorted(total)
+    fig.add_trace(go.Scatter(
+        x=steps, y=[total[s] / KB for s in steps], name="所有模式合计 KV 缓存", meta="all-modes-kv",
+        mode="lines", fill="tozeroy", line={"color": "#b22222", "width": 2}, fillcolor="rgba(212,175,55,0.25)",
+        hovertemplate="合计 %{y:.1f} KB<extra></extra>",
+    ))
+    fig.add_annotation(
+        text=NO_GPU_NOTE, xref="paper", yref="paper", x=0.02, y=0.98, xanchor="left", yanchor="top",
+        showarrow=False, align="left", font={"size": 13, "color": "#7d1010"},
+        bgcolor="rgba(255,250,240,0.9)", bordercolor="#d4af37", borderwidth=1, borderpad=6,
+    )
+    fig = _layout(fig, "显存：此处无 GPU", "KV 缓存合计 (KB)")
+    fig.update_layout(showlegend=False, margin={"b": 56}, height=340)
+    return fig
+
+
+def engine_figure(steps: Sequence[int], gauges: Sequence[EngineGauges]) -> go.Figure:
+    """A remote engine's own gauges (`couplet.vllm_backend.client.EngineGauges`) as the request's steps arrived:
+    the KV bytes it holds for all its requests, and its running and waiting requests. Engine-wide totals, not
+    this request's: the title says so."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_trace(go.Scatter(
+        x=list(steps), y=[g.kv_bytes / KB for g in gauges], name="引擎 KV 缓存 (KB)", meta="engine-kv",
+        mode="lines+markers", fill="tozeroy", line={"color": "#b22222", "width": 2},
+        fillcolor="rgba(212,175,55,0.25)", hovertemplate="引擎 KV %{y:.1f} KB<extra></extra>"))
+    for name, key, color in (("运行中请求", "running", "#1565c0"), ("排队请求", "waiting", "#6d4c41")):
+        fig.add_trace(go.Scatter(
+            x=list(steps), y=[getattr(g, key) for g in gauges], name=name, meta=f"engine-{key}", mode="lines",
+            line={"color": color, "width": 2, "shape": "hv"}, hovertemplate=f"{name} %{{y}}<extra></extra>"),
+            secondary_y=True)
+    title = "vLLM 引擎仪表（全引擎合计，非单个请求）"
+    if gauges:
+        g = gauges[-1]
+        hit = g.prefix_hits / g.prefix_queries if g.prefix_queries else 0.0
+        title += (f"<br><sup>KV 类型 {g.dtype_label} · 容量 {g.capacity_bytes / KB:.0f} KB（{g.num_blocks} 块 × "
+                  f"{g.block_size} 词元）· 前缀缓存累计命中 {hit:.0%} · 抢占 {g.preemptions:.0f} 次</sup>")
+    fig = _layout(fig, title, "引擎 KV 缓存 (KB)")
+    fig.update_layout(margin={"t": 64})
+    fig.update_yaxes(title_text="请求数", secondary_y=True, rangemode="tozero", showgrid=False)
+    return fig
+
+
+@dataclass(frozen=True)
+class SweepText:
+    """The words of `sweep_figure`: Chinese on the page; English where it is rendered without the page's
+    fonts (the benchmark's PNG, drawn by a browser that may have no CJK font)."""
+
+    throughput: str = "吞吐（字/秒）"
+    concurrency: str = "同时接待（人，平均）"
+    budget: str = "KV 预算 (MB)"
+
+
+SWEEP_TEXT_EN = SweepText("throughput (characters/s)", "admitted concurrency (mean)", "KV budget (MB)")
+
+
+def sweep_figure(bench: Mapping, labels: Mapping[str, str] | None = None, text: SweepText = SweepText(),
+                 title: str = "") -> go.Figure:
+    """From a `python -m couplet.bench serve` JSON run at several budgets (its `runs`): throughput and the
+    mean admitted concurrency against the KV budget, one line per mode, side by side."""
+    from plotly.subplots import make_subplots
+
+    runs = sorted(bench["runs"], key=lambda run: run["budget_mb"])
+    budgets = [run["budget_mb"] for run in runs]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(text.throughput, text.concurrency), horizontal_spacing=0.1)
+    for mode in runs[0]["modes"]:
+        rows = [run["modes"].get(mode, {}) for run in runs]
+        label = (labels or {}).get(mode, mode)
+        for col, key, unit in ((1, "throughput_tok_s", "字/秒"), (2, "admitted_concurrency", "人")):
+            fig.add_trace(go.Scatter(
+                x=budgets, y=[r.get(key) for r in rows], name=label, meta=mode, legendgroup=mode,
+                showlegend=col == 1, mode="lines+markers", line={"color": mode_color(mode), "width": 2.5},
+                hovertemplate=f"{label} · %{{x:g}} MB · %{{y:.1f}} {unit}<extra></extra>"), row=1, col=col)
+    fig = _layout(fig, title, "")
+    fig.update_xaxes(title_text=text.budget, gridcolor="#f0e2bd", zeroline=False)
+    fig.update_yaxes(gridcolor="#f0e2bd", zeroline=False, rangemode="tozero")
+    fig.update_layout(hovermode="closest", margin={"t": 56 if title else 40}, uirevision="couplet-sweep")
+    return fig

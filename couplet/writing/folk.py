@@ -1,0 +1,42 @@
+"""The project's own 春联, with their 横批: traditional folk couplets (public domain) and new ones on modern
+themes, written out for the project (`assets/folk/README.md` says how the set was made and checked).
+
+They serve three ways: as training targets (`couplet.training.context`: the voice of real 春联, and the 横批
+as a continuation of the couplet, `… 下联 <sep> 横批 <eos>`), as exemplars (`couplet.writing.exemplars` adds them
+to the store), and as lines the page must never borrow (`folk_lines`: the decoding constraints and the
+copy figure treat them like the prompt's own lines, since a model trained on them could recite them).
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+FOLK = Path(__file__).resolve().parents[2] / "assets" / "folk" / "folk.tsv"
+
+
+@dataclass(frozen=True)
+class FolkCouplet:
+    upper: str
+    lower: str
+    hengpi: str
+    theme: str
+
+
+@lru_cache(maxsize=2)
+def load_folk(path: str | Path = FOLK) -> tuple[FolkCouplet, ...]:
+    """The set's rows (`upper lower hengpi theme`, header line); empty when the file is absent."""
+    path = Path(path)
+    if not path.exists():
+        return ()
+    with path.open(encoding="utf-8", newline="") as f:
+        return tuple(FolkCouplet(r["upper"], r["lower"], r["hengpi"], r["theme"])
+                     for r in csv.DictReader(f, delimiter="\t"))
+
+
+@lru_cache(maxsize=1)
+def folk_lines() -> tuple[str, ...]:
+    """Every line of the set: a couplet on the page may not share a run of 4 characters with one."""
+    return tuple(line for c in load_folk() for line in (c.upper, c.lower))

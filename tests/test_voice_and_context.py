@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from couplet.bench.quality import copies, template_repeat, voice_report
+from couplet.bench.figures import copies, template_repeat, voice_report
 from couplet.events import CoupletResult
 from couplet.models.tokenizer import prompt_ids
 from couplet.serving.generate import CoupletRequest, generate, prepare

@@ -27,18 +27,16 @@ import json
 import statistics
 import sys
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from couplet.bench.figures import hengpi_report, mean, voice_report
 from couplet.events import CoupletResult
 from couplet.kvcache import MODE_INFO, MODES, PrefixPool, parse_modes, parse_settings
 from couplet.models.hub import ModelUnavailable, add_model_args
 from couplet.models.loading import LoadedModel, load_model
 from couplet.serving.generate import CoupletRequest, decode, generate, prepare
-from couplet.writing.constraints import COPY_RUN
-from couplet.writing.folk import folk_lines
-from couplet.writing.lexicon import DEFAULT_VOICE, NEGATION, PLAIN_VOICE, TABOO, VoiceConfig, is_gloomy, lexicon_report
+from couplet.writing.lexicon import DEFAULT_VOICE, PLAIN_VOICE, VoiceConfig, lexicon_report
 from couplet.writing.prompt import DEFAULT_PROMPT, HOUSE_COUPLETS, HouseCouplet, PromptConfig
 from couplet.writing.rules import parallelism
 from couplet.writing.text import CoupletInputError
@@ -112,61 +110,8 @@ def agreement_report(pairs: list[tuple[Followed, Followed]]) -> dict[str, Any]:
     choices = sum(len(m.agrees) for m, _ in pairs)
     return {"step_agreement": 1.0 - len(flips) / choices if choices else 1.0,
             "flips": len(flips),
-            "flips_near_tie": _mean(ref < NEAR_TIE for ref in flips) if flips else None,
+            "flips_near_tie": mean(ref < NEAR_TIE for ref in flips) if flips else None,
             "flip_margin_median": statistics.median(flips) if flips else None}
-
-
-def chosen_text(r: CoupletResult) -> str:
-    """The characters the model chose: both lines minus the keywords (and minus a given 上联)."""
-    lines = r.lower if r.checks.get("given_upper") else r.upper + r.lower
-    return "".join(c for c in lines if c not in r.keywords)
-
-
-def _runs(line: str, keywords: str, n: int = COPY_RUN) -> set[str]:
-    """Runs of n characters of `line` that are not made of keyword characters only."""
-    return {line[i : i + n] for i in range(len(line) - n + 1) if any(c not in keywords for c in line[i : i + n])}
-
-
-def copies(r: CoupletResult, house: tuple[HouseCouplet, ...] = HOUSE_COUPLETS) -> bool:
-    """Does a line share a run of 4+ characters with a line the prompt showed (exemplar or house), or with a
-    line of the project's own 春联 (`couplet.writing.folk`: trained on, so it could be recited)?"""
-    borrowed = [line for pair in r.exemplars for line in pair] + \
-        [line for h in house for line in (h.upper, h.lower)] + list(folk_lines())
-    grams = set().union(*(_runs(line, "") for line in borrowed)) if borrowed else set()
-    lines = (r.lower,) if r.checks.get("given_upper") else (r.upper, r.lower)
-    return any(_runs(line, r.keywords) & grams for line in lines)
-
-
-def template_repeat(results: list[CoupletResult]) -> float:
-    """Share of couplets sharing a run of 4+ characters with another phrase's couplet, keyword runs aside."""
-    runs = [_runs(r.upper, r.keywords) | _runs(r.lower, r.keywords) for r in results]
-    seen: dict[str, int] = {}
-    for grams in runs:
-        for g in grams:
-            seen[g] = seen.get(g, 0) + 1
-    return _mean(any(seen[g] > 1 for g in grams) for grams in runs)
-
-
-def hengpi_report(results: list[CoupletResult]) -> dict[str, Any]:
-    """The 横批: how often it is the visitor's keywords verbatim or words of a line, how varied it is (the
-    most frequent one's share, and how many distinct ones)."""
-    counts = Counter(r.hengpi for r in results)
-    top, top_n = counts.most_common(1)[0] if counts else ("", 0)
-    return {"hengpi_keywords_verbatim": _mean(r.hengpi == r.keywords for r in results),
-            "hengpi_in_line": _mean(r.hengpi in r.upper + r.lower for r in results),
-            "hengpi_top": top, "hengpi_top_share": top_n / len(results) if results else 0.0,
-            "hengpi_distinct": len(counts)}
-
-
-def voice_report(results: list[CoupletResult]) -> dict[str, float]:
-    """The festive-voice figures of a set of couplets (shares of couplets)."""
-    return {
-        "negation_rate": _mean(any(c in NEGATION for c in chosen_text(r)) for r in results),
-        "taboo_rate": _mean(any(c in TABOO for c in chosen_text(r)) for r in results),
-        "gloom_rate": _mean(is_gloomy(chosen_text(r)) for r in results),
-        "copy_rate": _mean(copies(r) for r in results),
-        "template_repeat": template_repeat(results),
-    }
 
 
 def context_report(lm: LoadedModel, pairs: list[tuple[str, str]]) -> dict[str, float]:
@@ -187,10 +132,10 @@ def duixia_report(lm: LoadedModel, cfg: EvalConfig, pairs: list[tuple[str, str]]
                                     cfg.voice))
         except CoupletInputError:  # e.g. a character outside the Han blocks we accept: refused, as for a visitor
             refused += 1
-    return {"n": len(results), "refused": refused, "rule_pass_rate": _mean(r.checks["passed"] for r in results),
-            "parallelism": _mean(r.checks["parallelism"]["score"] for r in results),
-            "reference_parallelism": _mean(parallelism(u, lo)["score"] for u, lo in pairs),
-            "upper_ends_level": _mean(r.checks["tones"]["upper_last"] == "平" for r in results),
+    return {"n": len(results), "refused": refused, "rule_pass_rate": mean(r.checks["passed"] for r in results),
+            "parallelism": mean(r.checks["parallelism"]["score"] for r in results),
+            "reference_parallelism": mean(parallelism(u, lo)["score"] for u, lo in pairs),
+            "upper_ends_level": mean(r.checks["tones"]["upper_last"] == "平" for r in results),
             **voice_report(results),
             "failures": [f"{r.upper}/{r.lower}: {r.checks['failures']}"
                          for r in results if not r.checks["passed"]][:10],
@@ -208,8 +153,8 @@ def sharing_report(lm: LoadedModel, cfg: EvalConfig, phrases: list[str], n: int 
             generate(lm, CoupletRequest(a, cfg.length), "shared", pool, cfg.prompt, cfg.voice)
             step0 = generate(lm, CoupletRequest(second, cfg.length), "shared", pool, cfg.prompt, cfg.voice).steps[0]
             out.append(step0.computed_tokens / step0.logical_length)
-    return {"pairs": len(other), "other_keywords_computed": _mean(other), "other_keywords_max": max(other),
-            "same_keywords_computed": _mean(same), "same_keywords_max": max(same)}
+    return {"pairs": len(other), "other_keywords_computed": mean(other), "other_keywords_max": max(other),
+            "same_keywords_computed": mean(same), "same_keywords_max": max(same)}
 
 
 def steer_report(lm: LoadedModel, cfg: EvalConfig, phrases: list[str], pairs: list[tuple[str, str]],
@@ -253,11 +198,11 @@ def base_report(lm: LoadedModel, cfg: EvalConfig, phrases: list[str], pool: Pref
     covered = sum(len(set(r.keywords)) - len(r.checks["keywords"]["missing"]) for r in results)
     report = {
         "n": len(results),
-        "rule_pass_rate": _mean(r.checks["passed"] for r in results),
+        "rule_pass_rate": mean(r.checks["passed"] for r in results),
         "keyword_coverage": covered / wanted if wanted else 0.0,
         "distinct_rate": distinct / len(results) if results else 0.0,
-        "seconds_per_couplet": _mean(seconds),
-        "parallelism": _mean(r.checks["parallelism"]["score"] for r in results),
+        "seconds_per_couplet": mean(seconds),
+        "parallelism": mean(r.checks["parallelism"]["score"] for r in results),
         **voice_report(results),
         **hengpi_report(results),
         "samples": [r.to_json(with_steps=False) for r in results],
@@ -290,18 +235,13 @@ def mode_report(lm: LoadedModel, cfg: EvalConfig, mode: str, options: dict[str, 
         "options": options,
         "kv_peak_bytes": statistics.fmean(peaks),
         "kv_ratio": statistics.fmean(peaks) / full_peak,
-        "identical_rate": _mean(identical),
+        "identical_rate": mean(identical),
         "nll_delta": statistics.fmean(deltas),
         **agreement_report(followed),
-        "rule_pass_rate": _mean(passed),
-        "parallelism": _mean(par),
-        "seconds_per_couplet": _mean(seconds),
+        "rule_pass_rate": mean(passed),
+        "parallelism": mean(par),
+        "seconds_per_couplet": mean(seconds),
     }
-
-
-def _mean(values) -> float:
-    values = [float(v) for v in values]
-    return statistics.fmean(values) if values else 0.0
 
 
 def sweep_plot(sweeps: dict[str, list[dict]], path: str) -> None:

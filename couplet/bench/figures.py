@@ -1,0 +1,73 @@
+"""The figures of a set of couplets, as a reader would count them: the festive voice (negation, taboo, gloom),
+copies of lines the prompt showed or the project's own 春联, templates shared between phrases, and the 横批's
+variety. Shares of couplets; `couplet.bench.quality` reports them per mode."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from typing import Any
+
+from couplet.events import CoupletResult
+from couplet.writing.constraints import COPY_RUN
+from couplet.writing.folk import folk_lines
+from couplet.writing.lexicon import NEGATION, TABOO, is_gloomy
+from couplet.writing.prompt import HOUSE_COUPLETS, HouseCouplet
+
+
+def mean(values) -> float:
+    values = [float(v) for v in values]
+    return statistics.fmean(values) if values else 0.0
+
+
+def chosen_text(r: CoupletResult) -> str:
+    """The characters the model chose: both lines minus the keywords (and minus a given 上联)."""
+    lines = r.lower if r.checks.get("given_upper") else r.upper + r.lower
+    return "".join(c for c in lines if c not in r.keywords)
+
+
+def _runs(line: str, keywords: str, n: int = COPY_RUN) -> set[str]:
+    """Runs of n characters of `line` that are not made of keyword characters only."""
+    return {line[i : i + n] for i in range(len(line) - n + 1) if any(c not in keywords for c in line[i : i + n])}
+
+
+def copies(r: CoupletResult, house: tuple[HouseCouplet, ...] = HOUSE_COUPLETS) -> bool:
+    """Does a line share a run of 4+ characters with a line the prompt showed (exemplar or house), or with a
+    line of the project's own 春联 (`couplet.writing.folk`: trained on, so it could be recited)?"""
+    borrowed = [line for pair in r.exemplars for line in pair] + \
+        [line for h in house for line in (h.upper, h.lower)] + list(folk_lines())
+    grams = set().union(*(_runs(line, "") for line in borrowed)) if borrowed else set()
+    lines = (r.lower,) if r.checks.get("given_upper") else (r.upper, r.lower)
+    return any(_runs(line, r.keywords) & grams for line in lines)
+
+
+def template_repeat(results: list[CoupletResult]) -> float:
+    """Share of couplets sharing a run of 4+ characters with another phrase's couplet, keyword runs aside."""
+    runs = [_runs(r.upper, r.keywords) | _runs(r.lower, r.keywords) for r in results]
+    seen: dict[str, int] = {}
+    for grams in runs:
+        for g in grams:
+            seen[g] = seen.get(g, 0) + 1
+    return mean(any(seen[g] > 1 for g in grams) for grams in runs)
+
+
+def hengpi_report(results: list[CoupletResult]) -> dict[str, Any]:
+    """The 横批: how often it is the visitor's keywords verbatim or words of a line, how varied it is (the
+    most frequent one's share, and how many distinct ones)."""
+    counts = Counter(r.hengpi for r in results)
+    top, top_n = counts.most_common(1)[0] if counts else ("", 0)
+    return {"hengpi_keywords_verbatim": mean(r.hengpi == r.keywords for r in results),
+            "hengpi_in_line": mean(r.hengpi in r.upper + r.lower for r in results),
+            "hengpi_top": top, "hengpi_top_share": top_n / len(results) if results else 0.0,
+            "hengpi_distinct": len(counts)}
+
+
+def voice_report(results: list[CoupletResult]) -> dict[str, float]:
+    """The festive-voice figures of a set of couplets (shares of couplets)."""
+    return {
+        "negation_rate": mean(any(c in NEGATION for c in chosen_text(r)) for r in results),
+        "taboo_rate": mean(any(c in TABOO for c in chosen_text(r)) for r in results),
+        "gloom_rate": mean(is_gloomy(chosen_text(r)) for r in results),
+        "copy_rate": mean(copies(r) for r in results),
+        "template_repeat": template_repeat(results),
+    }

@@ -105,7 +105,7 @@ def workload(cfg: ServeConfig) -> tuple[list[str], list[float]]:
 
 
 # How many of the visitors typed the same keywords: rare phrases' exemplars are theirs alone, popular ones'
-# are shared by a cache-aware wave; the buckets say where the resident prompt KV goes (README).
+# are shared by a cache-aware wave; the buckets say where the resident prompt KV goes (docs/results/serving.md).
 POPULARITY_BUCKETS = ((1, 3), (4, 15), (16, 63), (64, None))
 
 
@@ -202,7 +202,7 @@ def run_mode(lm: LoadedModel, mode: str, budget_mb: float, cfg: ServeConfig, typ
         "prefill_tokens_ratio": computed / prompt_tokens,
         **latency_row(ttft, tpot, e2e),
         "pool_refs_after": stats.pool_refs,
-        # waves advanced per worker round: forwards per decode step (a GPU's cost at this size: README)
+        # waves advanced per worker round: forwards per decode step (a GPU's cost at this size: docs/results/gpu.md)
         "forwards_per_step": stats.forwards / stats.rounds if stats.rounds else 0.0,
         # real device memory above the weights (KV caches, activations, allocator slack); None on CPU
         "device_peak_bytes": torch.cuda.max_memory_allocated() - base if cuda else None,

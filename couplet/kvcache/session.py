@@ -192,7 +192,7 @@ class ModeSession:
         """Whether another session's rows can join this one's batch (`join`): the plain full cache only. A
         compressed layout (quantized groups with their residual, retention scores and merged slots, pool block
         references with their cascade prefix) would need a join of its own per store — not built, see the
-        README's engine section."""
+        docs/results/serving.md."""
         # `build_session` makes a FullCache for a plain composition only (`Composition.plain`)
         return isinstance(self.cache, FullCache) and self.encoder is None and not self.cache.sliding
 

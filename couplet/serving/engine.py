@@ -17,19 +17,15 @@ a wave joins the running batch of its mode and line length (`Decoding.join`: the
 to the other's width), each row decoding on at its own step, and a row leaves the batch as soon as its
 couplet is written or its visitor leaves — so waves that arrived at different times cost one forward per
 step, not one each. A compressed mode's store (quantized groups, retention scores, pool blocks) has no join:
-its waves run side by side. Measured against waves (README, engine): the same or more throughput, lower TTFT
+its waves run side by side. Measured against waves (docs/results/serving.md): the same or more throughput, lower TTFT
 and end-to-end latency; a joining wave's prefill stalls the batch's step, so TPOT rises at high concurrency.
 `prefill_chunk` (off by default) feeds a plain-cache wave's prompts a chunk per round instead, between the
-batch's steps: TPOT back down, TTFT and end-to-end latency up (measured in the README).
+batch's steps: TPOT back down, TTFT and end-to-end latency up (docs/results/serving.md).
 
-Admission: a request reserves the KV bytes it can own (`Composition.owned_peak_bytes`: its prefill, during
-which the prompt is held at full precision — a quantized store's in its format, but for one layer — then its
-steady peak under its mode); it is admitted when the reservation fits beside what the admitted requests
-reserve, in arrival order — while other waves run, only as a wave of at least `min_wave` rows (or every
-request waiting), since each wave costs one forward per step and small waves started in the room freed by
-each prefill multiply them. Past `max_waiting` waiting
-requests, `submit` refuses with `EngineBusy` (a Chinese message for the page). The prefix pool is the
-engine's own, inside the total: requests get `kv_budget - pool budget`.
+Admission (`admission.py`): a request reserves the KV bytes it can own, its prefill and then its steady peak
+under its mode, and is admitted when that fits beside what the admitted requests reserve, in arrival order.
+Past `max_waiting` waiting requests, `submit` refuses with `EngineBusy` (a Chinese message for the page). The
+prefix pool is the engine's own, inside the total: requests get `kv_budget - pool budget`.
 
 A cancelled request (the visitor left) stops receiving progress; its wave ends early if all its rows are
 cancelled, and the wave's session is closed when it ends, releasing its pool blocks.

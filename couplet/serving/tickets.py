@@ -34,7 +34,7 @@ class EngineConfig:
     # reservation is larger than its steady one, so admitting whatever fits lets the room freed after each
     # prefill start a small wave of its own: the waves multiply (4-11 forwards per step at the default
     # budget on CPU, against 1.3 for `full`). A GPU's forward at this size costs about the same for 1 row as
-    # for 64 (README, "GPU check"); on CPU too the waiting paid for itself (README, serving engine). 1:
+    # for 64 (docs/results/gpu.md); on CPU too the waiting paid for itself (docs/results/serving.md). 1:
     # admit whatever fits at once.
     min_wave: int | None = None
     # Cache-aware waves (SGLang's longest-prefix-match scheduling, in waves): a pool mode's waiting requests
@@ -49,7 +49,7 @@ class EngineConfig:
     # its own step and leaving when its couplet is written. Admission keeps the `min_wave` rule: joining in
     # groups stalls the batch for fewer prefills (min_wave=1: each newcomer joins as soon as it fits; on CPU,
     # 200 visitors at 12/s and 42 MB: 147 tok/s and TPOT p50 144 ms, against 154 and 101 with the rule).
-    # False: waves only. Measured against waves in the README (serving engine).
+    # False: waves only. Measured against waves in docs/results/serving.md.
     continuous: bool = True
     # Chunked prefill for the plain cache (Sarathi-Serve, vLLM's chunked prefill, one chunk per round): a new
     # wave's prompt is fed at most this many columns per forward, so the running batch steps between its

@@ -194,7 +194,8 @@ def test_requests_with_one_prompt_share_all_of_it_in_a_cache_aware_wave(embedded
     for prefix_wave in (0, 4):
         with Engine(embedded_lm, EngineConfig(kv_budget_mb=budget_mb, pool_mb=4, prefix_wave=prefix_wave)) as engine:
             first = engine.submit(CoupletRequest("吉祥如意"), "shared", prep=other)
-            tickets = [engine.submit(CoupletRequest("龙马精神"), "shared", prep=prep) for _ in range(6)]
+            with engine._lock:  # the six arrive together: the worker plans no round until all six wait
+                tickets = [engine.submit(CoupletRequest("龙马精神"), "shared", prep=prep) for _ in range(6)]
             results = [list(t)[-1].result for t in tickets]
             assert list(first)[-1].result is not None
             wait_idle(engine)

@@ -3,6 +3,15 @@
 
 import sys
 
-from couplet.bench.steps import cli
+from couplet.bench import serve, steps
+from couplet.models.hub import ModelUnavailable
+from couplet.serving.backends import BackendError
 
-cli(sys.argv[1:])
+try:
+    if sys.argv[1:2] == ["serve"]:
+        serve.main(serve.parse_args(sys.argv[2:]))
+    else:
+        steps.main(steps.parse_args(sys.argv[1:]))
+except (ValueError, ModelUnavailable, BackendError) as e:
+    print(f"错误 error: {e}", file=sys.stderr)
+    raise SystemExit(2) from None

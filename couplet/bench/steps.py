@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from dataclasses import dataclass, field
 
 import torch
 
 from couplet.kvcache import MODES, PrefixPool, parse_modes, parse_settings
-from couplet.models.hub import ModelUnavailable, add_model_args
+from couplet.models.hub import add_model_args
 from couplet.models.loading import load_model
-from couplet.serving.backends import BackendError
 from couplet.serving.generate import CoupletRequest, generate
 
 PHRASES = ["龙马精神", "吉祥如意", "春风", "明月", "五福临门", "梅花", "平安", "国泰民安"]
@@ -94,17 +92,3 @@ def parse_args(argv: list[str] | None = None) -> BenchConfig:
     except ValueError as e:
         p.error(str(e))
     return BenchConfig(modes, a.reps, a.dtype, a.device, a.threads, a.settings, a.model, a.weights)
-
-
-def cli(argv: list[str]) -> None:
-    """`python -m couplet.bench [serve] ...`: per-step cost, or with `serve` the peak (`couplet.bench.serve`)."""
-    from couplet.bench import serve  # noqa: PLC0415 - serve imports the engine; steps alone does not need it
-
-    try:
-        if argv[:1] == ["serve"]:
-            serve.main(serve.parse_args(argv[1:]))
-        else:
-            main(parse_args(argv))
-    except (ValueError, ModelUnavailable, BackendError) as e:
-        print(f"错误 error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None

@@ -7,6 +7,8 @@ import ast
 from collections.abc import Iterable
 from typing import Any
 
+from couplet.kvcache.registry import MODES, parse_modes
+
 
 def parse_value(text: str) -> Any:
     """`0.3` → 0.3, `4` → 4, `true` → True, anything else stays a string."""
@@ -21,8 +23,6 @@ def parse_value(text: str) -> Any:
 
 def parse_settings(items: Iterable[str]) -> dict[str, dict[str, Any]]:
     """`["selective.ratio=0.3"]` → `{"selective": {"ratio": 0.3}}`; raises ValueError with the fix."""
-    from couplet.kvcache.registry import MODES, parse_modes
-
     out: dict[str, dict[str, Any]] = {}
     for item in items:
         key, sep, value = item.partition("=")

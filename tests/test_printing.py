@@ -148,3 +148,19 @@ def test_cli_writes_the_set_and_refuses_bad_input_with_one_line(tmp_path):
                           str(tmp_path / "bad")], capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.count("\n") == 1 and "上下联字数须相同" in bad.stderr
+
+
+def test_guide_lines_break_after_punctuation_and_never_before_a_closing_mark():
+    from couplet.page.print_layout import wrap_cjk
+
+    def fits(n):
+        return lambda t: len(t) <= n
+
+    text = "裁切：沿四角的裁切线裁去白边。长联分张打印，按「第 1 张」拼接。"
+    lines = wrap_cjk(text, fits(16))
+    assert "".join(lines) == text and all(len(x) <= 16 for x in lines)
+    assert lines[0] == "裁切：沿四角的裁切线裁去白边。"  # at the 。, not at the 16th character
+    assert not any(x[0] in "，。；：、！？）」" for x in lines)
+    assert wrap_cjk("一二三四五六七八九十", fits(4)) == ["一二三四", "五六七八", "九十"]  # no punctuation: anywhere
+    assert wrap_cjk("一二三，四五", fits(3)) == ["一二", "三，", "四五"]  # the ， stays with its character
+    assert wrap_cjk("上联：春　　下联：风", fits(6)) == ["上联：春", "下联：风"]  # at the spaces, trimmed

@@ -9,6 +9,7 @@ import hashlib
 import math
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -165,6 +166,28 @@ def normalize_print(upper: str, lower: str, hengpi: str) -> tuple[str, str, str]
 
 
 # --- the layout, shared by the three formats (units: cells) ---------------------------------------------
+
+
+BREAK_AFTER = "，。；：、！？）」　"  # a guide-sheet line may end after these
+NO_LINE_START = "，。；：、！？）」"  # and none of these may start a line (禁则)
+
+
+def wrap_cjk(text: str, fits: Callable[[str], bool]) -> list[str]:
+    """`text` cut into lines that each `fits`, breaking after punctuation (or a full-width space) where one
+    falls in the second half of the line, else between characters, never before a closing mark. A word
+    processor's rule for Chinese; reportlab's own wrapping (Paragraph) splits CJK anywhere."""
+    lines: list[str] = []
+    while text:
+        if fits(text):
+            lines.append(text)
+            break
+        k = max(1, next(k for k in range(1, len(text) + 1) if not fits(text[:k])) - 1)  # the most that fits
+        cut = next((i + 1 for i in range(k - 1, k // 2 - 1, -1) if text[i] in BREAK_AFTER), k)
+        while cut > 1 and text[cut] in NO_LINE_START:  # a closing mark stays with the character before it
+            cut -= 1
+        lines.append(text[:cut].rstrip("　"))
+        text = text[cut:].lstrip("　")
+    return lines
 
 
 def strip_size(n: int) -> tuple[float, float]:

@@ -25,6 +25,7 @@ from couplet.page.print_layout import (
     pieces,
     strip_size,
     tiles,
+    wrap_cjk,
 )
 
 
@@ -66,21 +67,21 @@ def _guide_page(c, upper: str, lower: str, hengpi: str, cfg: PrintConfig, page_w
     c.drawString(x0, page_h - 30 * mm, "春联张贴说明")
     c.setFillColor("#222222")
     c.setFont("CoupletKai", 12)
-    lines = [f"上联：{upper}　　下联：{lower}　　横批：{hengpi}",
-             f"横批{direction}读，故上联贴在门的{up_side}侧（面向大门时），下联贴在{low_side}侧，横批贴在门楣正中。",
-             "上联末字多为仄声，下联末字多为平声；贴反了，读来便不顺。",
-             "打印：选「实际大小 / 100%」，不要「适合页面」。",
-             "裁切：沿四角的裁切线裁去白边。长联分张打印，按「第 1 张、第 2 张……」自上而下（横批按读序）拼接，",
-             "接缝对齐，背面用胶带粘牢。福字斗方贴在门心，可正贴。"]
+    paragraphs = [f"上联：{upper}　　下联：{lower}　　横批：{hengpi}",
+                  f"横批{direction}读，故上联贴在门的{up_side}侧（面向大门时），下联贴在{low_side}侧，横批贴在门楣正中。",
+                  "上联末字多为仄声，下联末字多为平声；贴反了，读来便不顺。",
+                  "打印：选「实际大小 / 100%」，不要「适合页面」。",
+                  "裁切：沿四角的裁切线裁去白边。长联分张打印，按「第 1 张、第 2 张……」自上而下（横批按读序）拼接，"
+                  "接缝对齐，背面用胶带粘牢。",
+                  "福字斗方贴在门心，可正贴。"]
     from reportlab.pdfbase.pdfmetrics import stringWidth
 
     width, y = page_w - 2 * x0, page_h - 44 * mm
-    for line in lines:  # wrapped by width: Chinese breaks between any two characters
-        while line:
-            cut = next((k for k in range(1, len(line) + 1) if stringWidth(line[:k], "CoupletKai", 12) > width),
-                       len(line) + 1) - 1
-            c.drawString(x0, y, line[:cut])
-            line, y = line[cut:], y - 7 * mm
+    for paragraph in paragraphs:  # lines break after punctuation (wrap_cjk), a paragraph's lines close together
+        for line in wrap_cjk(paragraph, lambda t: stringWidth(t, "CoupletKai", 12) <= width):
+            c.drawString(x0, y, line)
+            y -= 6.5 * mm
+        y -= 1.5 * mm
     # the door, seen from the street: lintel with the 横批, the 上联 and 下联 on their sides, 福 in between
     dw, dh = 90 * mm, 120 * mm
     dx, dy = (page_w - dw) / 2, 40 * mm
@@ -114,8 +115,11 @@ def _guide_page(c, upper: str, lower: str, hengpi: str, cfg: PrintConfig, page_w
     c.rect(-9 * mm, -9 * mm, 18 * mm, 18 * mm, stroke=0, fill=1)
     c.restoreState()
     _draw_chars(c, "福", [(dx + dw / 2, dy + dh * 0.62)], 14 * mm, INKS["black"])
-    c.drawCentredString(sides[up_side] + strip_w / 2, dy - 6 * mm, "上联")
-    c.drawCentredString(sides[low_side] + strip_w / 2, dy - 6 * mm, "下联")
+    # the strips' names under them, small (after the 福 the font is 14 mm: set it again)
+    c.setFillColor("#444444")
+    c.setFont("CoupletKai", 11)
+    for name, side in (("上联", up_side), ("下联", low_side)):
+        c.drawCentredString(sides[side] + strip_w / 2, dy - 7 * mm, name)
 
 
 def write_pdf(path: Path, upper: str, lower: str, hengpi: str, cfg: PrintConfig) -> int:
@@ -129,7 +133,10 @@ def write_pdf(path: Path, upper: str, lower: str, hengpi: str, cfg: PrintConfig)
         pdfmetrics.registerFont(TTFont("CoupletKai", str(font_ttf())))
     portrait = (PAPERS_MM[cfg.paper][0] * mm, PAPERS_MM[cfg.paper][1] * mm)
     cell = CELL_MM[cfg.paper] * mm
-    c = canvas.Canvas(str(path), pagesize=portrait, pageCompression=1)
+    # the brush font from the first page on: reportlab's default, Helvetica, would be named on every page
+    # without being embedded
+    c = canvas.Canvas(str(path), pagesize=portrait, pageCompression=1, initialFontName="CoupletKai",
+                      initialFontSize=12, lang="zh-CN")
     c.setTitle(f"春联 · {upper} / {lower} · {hengpi}")
     c.setAuthor("开门见喜 · 春联生成终端")
     c.setSubject(f"{cfg.paper}，{'金' if cfg.ink == 'gold' else '墨'}字")

@@ -27,6 +27,10 @@ def test_base_report_has_the_documented_keys(tiny_checkpoint, keyword_file, tmp_
     assert report["seconds_per_couplet"] > 0 and report["pairs_n"] == 1 and report["nll_per_char"] > 0
     assert [s["keywords"] for s in report["samples"]] == ["龙马", "春风", "福"]
     assert {"upper", "lower", "hengpi", "checks"} <= set(report["samples"][0])
+    sampled = report["sampled"]  # the same figures over the sampled couplets, a seed at a time
+    assert sampled["phrases"] == 3 and sampled["seeds"] == 2 and sampled["temperature"] == 0.8
+    assert sampled["rule_pass_rate"] == 1.0 and 0.0 <= sampled["parallelism"] <= 1.0
+    assert 0.5 <= sampled["distinct_per_phrase"] <= 1.0 and "template_repeat" in sampled
     json.dumps(report, ensure_ascii=False)
 
 

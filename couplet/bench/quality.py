@@ -180,6 +180,7 @@ def base_report(lm: LoadedModel, cfg: EvalConfig, phrases: list[str], pool: Pref
     greedy: dict[str, CoupletResult] = {}
     errors: dict[str, str] = {}
     seconds: list[float] = []
+    sampled: list[list[CoupletResult]] = []  # per phrase, its couplet under each seed at cfg.temperature
     distinct = 0
     for phrase in phrases:
         try:
@@ -189,10 +190,10 @@ def base_report(lm: LoadedModel, cfg: EvalConfig, phrases: list[str], pool: Pref
         except CoupletInputError as e:
             errors[phrase] = str(e)
             continue
-        outs = {(r.upper, r.lower) for r in (
-            generate(lm, CoupletRequest(phrase, cfg.length, temperature=cfg.temperature, top_p=cfg.top_p, seed=s),
-                     "full", pool, cfg.prompt, cfg.voice) for s in range(cfg.seeds))}
-        distinct += len(outs) >= 2
+        drawn = [generate(lm, CoupletRequest(phrase, cfg.length, temperature=cfg.temperature, top_p=cfg.top_p,
+                                             seed=s), "full", pool, cfg.prompt, cfg.voice) for s in range(cfg.seeds)]
+        sampled.append(drawn)
+        distinct += len({(r.upper, r.lower) for r in drawn}) >= 2
     results = list(greedy.values())
     wanted = sum(len(set(r.keywords)) for r in results)
     covered = sum(len(set(r.keywords)) - len(r.checks["keywords"]["missing"]) for r in results)
@@ -207,9 +208,31 @@ def base_report(lm: LoadedModel, cfg: EvalConfig, phrases: list[str], pool: Pref
         **hengpi_report(results),
         "samples": [r.to_json(with_steps=False) for r in results],
     }
+    if sampled:  # the same figures on the sampled couplets (what a visitor who clicks again meets), per seed
+        report["sampled"] = sampled_report(sampled, cfg)
     if errors:
         report["errors"] = errors
     return report, greedy
+
+
+def sampled_report(sampled: list[list[CoupletResult]], cfg: EvalConfig) -> dict[str, Any]:
+    """The greedy report's figures over the sampled couplets, one seed at a time (each seed: one couplet per
+    phrase, as greedy has; the same phrase's couplets under two seeds would count as each other's templates),
+    averaged over the seeds; and how many of a phrase's couplets differ."""
+    per_seed = []
+    for s in range(cfg.seeds):
+        results = [drawn[s] for drawn in sampled]
+        per_seed.append({"rule_pass_rate": mean(r.checks["passed"] for r in results),
+                         "parallelism": mean(r.checks["parallelism"]["score"] for r in results),
+                         **voice_report(results), **hengpi_report(results)})
+    out: dict[str, Any] = {"temperature": cfg.temperature, "top_p": cfg.top_p, "seeds": cfg.seeds,
+                           "phrases": len(sampled),
+                           "distinct_per_phrase": mean(len({(r.upper, r.lower) for r in drawn}) / len(drawn)
+                                                       for drawn in sampled)}
+    for key, value in per_seed[0].items():
+        numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+        out[key] = statistics.fmean(seed[key] for seed in per_seed) if numeric else value
+    return out
 
 
 def mode_report(lm: LoadedModel, cfg: EvalConfig, mode: str, options: dict[str, Any], full: dict[str, CoupletResult],

@@ -27,13 +27,32 @@ import torch
 from couplet.events import CoupletResult, StepRecord
 from couplet.kvcache import MODE_INFO, MODES, KVGeometry
 from couplet.models.loading import LoadedModel, load_model_or_embedded
-from couplet.page.charts import engine_figure, kv_figure, memory_figure, sweep_figure
+from couplet.page.charts import (
+    KV_AXIS,
+    KV_TITLE,
+    MEMORY_TITLE,
+    engine_figure,
+    kv_figure,
+    memory_figure,
+    placeholder_figure,
+    sweep_figure,
+)
 from couplet.page.gate import ASSETS_DIR, FONT_PATH, gate_css, render_gate
 from couplet.page.printing import PAPERS_MM, PrintConfig, glyphs, print_set
-from couplet.page.share import MAX_SEED, MAX_TEMPERATURE, ShareLink, checked_number, parse_query, share_url
+from couplet.page.share import (
+    DEFAULT_MODES,
+    DEFAULT_TEMPERATURE,
+    MAX_SEED,
+    MAX_TEMPERATURE,
+    ShareLink,
+    checked_number,
+    parse_query,
+    share_url,
+)
 from couplet.page.view import (
     about_markdown,
     bench_source_html,
+    charts_note_html,
     checks_html,
     mode_label,
     modes_table_html,
@@ -253,6 +272,11 @@ def unprintable_note(result: CoupletResult) -> str:
     return f"字库里没有「{missing}」，此联可在页面上看，但无法下载打印。" if missing else ""
 
 
+def default_modes() -> list[str]:
+    """The modes ticked when the page opens (`DEFAULT_MODES`), and the vLLM server's when it is on."""
+    return ([VLLM_MODE] if serves_remotely() else []) + list(DEFAULT_MODES)
+
+
 def ticked(modes: list[str] | None) -> list[str]:
     """The ticked modes in the offered order (the vLLM server's first, then the registry's); none means `full`."""
     return [m for m in offered_modes() if m in (modes or [])] or ["full"]
@@ -359,9 +383,13 @@ DOWNLOAD_PDF_JS = r"""() => {
   };
   poll();
 }"""
-# Phone widths: fold 更多设置 and the mode list (open on desktop, where the layout stays as it was).
+# Phone widths: fold 更多设置 and the mode list (open on desktop, where the layout stays as it was); and no
+# scroll anchoring: with the columns reversed (the gate above the form), the browser anchors on the form and,
+# as the written couplet's take-home box appears above it, scrolls the gate out of view to keep the form
+# still. Set here, on the document: Gradio scopes the page's CSS to its container, where html is not.
 FOLD_ON_PHONE_JS = """() => {
   if (!window.matchMedia('(max-width: 480px)').matches) return;
+  document.documentElement.style.overflowAnchor = 'none';
   let tries = 0;
   const fold = () => {
     const open = [...document.querySelectorAll('#more-settings > .label-wrap.open, #modes-fold > .label-wrap.open')];
@@ -371,6 +399,36 @@ FOLD_ON_PHONE_JS = """() => {
   };
   fold();
 }"""
+
+
+# Before every write (a click or Enter, either tab), in the browser: a fresh seed when 每次换一副 is ticked,
+# so that every click writes a new couplet while all the modes still share one seed and the share link
+# carries it; and on a phone, the gate scrolled into view, so the couplet is written where the visitor looks
+# (on a phone the form sits below the gate). Runs as a js-only event: no round trip before the write starts.
+PREPARE_WRITE_JS = f"""(reroll, seed) => {{
+  if (window.matchMedia('(max-width: 480px)').matches) {{
+    document.querySelector('#gate-box')?.scrollIntoView({{behavior: 'smooth', block: 'start'}});
+  }}
+  return reroll ? Math.floor(Math.random() * {MAX_SEED + 1}) : seed;
+}}"""
+# The page is Chinese whatever the browser's language. Gradio picks the language of its own strings (the
+# footer, the copy button, the queue's and the upload's messages) from navigator.languages once, as it starts,
+# and has no setting for it on the server (gr.I18n only adds strings of our own). Its core module exports
+# `changeLocale`: importing that module again by its URL gives the same instance, whose locale store every
+# component reads. Run from <head>, which Gradio adds before it mounts the components: a change made later
+# (the `js` on load) re-renders them, and a click in that moment is lost. Should a Gradio release rename the
+# module or the function, the page stays in the browser's language (tests/test_app_browser.py notices).
+CHINESE_HEAD = """<script type="module">
+const core = performance.getEntriesByType('resource').map(e => e.name)
+  .find(url => /\\/assets\\/core-[^/]+\\.js$/.test(url));
+if (core) {
+  try {
+    const gradio = await import(core);
+    if (typeof gradio.changeLocale === 'function') gradio.changeLocale('zh-CN');
+  } catch (e) { /* the page still works, in the browser's language */ }
+}
+document.documentElement.lang = 'zh-CN';
+</script>"""
 
 
 def _endpoint(api: str | None) -> dict[str, Any]:
@@ -449,8 +507,11 @@ def build_app() -> gr.Blocks:
                         duixia_button = gr.Button("对下联", variant="primary", elem_id="duixia-btn")
                 # open on desktop; folded on a phone by FOLD_ON_PHONE_JS
                 with gr.Accordion("更多设置", open=True, elem_id="more-settings"):
-                    temperature = gr.Slider(0, MAX_TEMPERATURE, value=0, step=0.05, label="温度（0 为贪心）",
+                    temperature = gr.Slider(0, MAX_TEMPERATURE, value=DEFAULT_TEMPERATURE, step=0.05,
+                                            label="温度（越高越多变；0 为贪心：同一关键词总写同一副）",
                                             elem_id="temperature")
+                    reroll = gr.Checkbox(True, label="每次点击换一副（随机种子；取消则用下面的种子）",
+                                         elem_id="reroll")
                     with gr.Row():
                         seed = gr.Number(0, precision=0, label="随机种子", elem_id="seed")
                         # no minimum/maximum: Gradio would refuse an out-of-range year in English before
@@ -458,7 +519,7 @@ def build_app() -> gr.Blocks:
                         year = gr.Number(DEFAULT_YEAR, precision=0, label=f"年份（{MIN_YEAR}–{MAX_YEAR}）",
                                          elem_id="year")
                 with gr.Accordion("KV 缓存模式", open=True, elem_id="modes-fold"):
-                    modes = gr.CheckboxGroup(mode_choices, value=offered_modes(), elem_id="modes",
+                    modes = gr.CheckboxGroup(mode_choices, value=default_modes(), elem_id="modes",
                                              label="KV 缓存模式（同一关键词、同一种子）", show_label=False)
             with gr.Column(scale=3, min_width=340, elem_id="stage"):
                 gate = gr.HTML(render_gate("", "", "", year_label=label, opened=False), elem_id="gate-box")
@@ -472,7 +533,7 @@ def build_app() -> gr.Blocks:
                                        elem_id="ink", min_width=120)
                         download = gr.Button("下载春联", variant="primary", elem_id="download-btn", min_width=120)
                     share = gr.Textbox(label="分享链接（打开即写出同一副春联）", interactive=False, buttons=["copy"],
-                                       elem_id="share-link", max_lines=2)
+                                       elem_id="share-link", lines=2, max_lines=6)
                     print_files = gr.File(label="打印件：PDF（含张贴说明，一件一页，长联分张）· 各件 PNG 与 SVG",
                                           file_count="multiple", visible=False, interactive=False,
                                           elem_id="print-files")
@@ -481,10 +542,13 @@ def build_app() -> gr.Blocks:
                 print_lower = gr.Textbox(visible=False, label="下联")
                 print_hengpi = gr.Textbox(visible=False, label="横批")
                 link_state = gr.State(None)
+        gr.HTML(charts_note_html(), elem_id="charts-note")
         with gr.Row():
             # the figures carry their own titles; the labels still name the outputs in the API
-            kv_plot = gr.Plot(label="每步 KV 缓存", show_label=False, elem_id="kv-plot")
-            mem_plot = gr.Plot(label="每步设备内存", show_label=False, elem_id="mem-plot")
+            kv_plot = gr.Plot(placeholder_figure(KV_TITLE, KV_AXIS), label="每步 KV 缓存", show_label=False,
+                              elem_id="kv-plot")
+            mem_plot = gr.Plot(placeholder_figure(MEMORY_TITLE, "内存"), label="每步设备内存", show_label=False,
+                               elem_id="mem-plot")
         table = gr.HTML(modes_table_html({}), elem_id="table-box", container=True, padding=True)
         payload = gr.JSON(visible=False, label="结果 JSON")
         with gr.Accordion("高峰：同一 KV 预算，各模式能同时接待多少访客", open=False, elem_id="peak"):
@@ -506,12 +570,14 @@ def build_app() -> gr.Blocks:
         take_home_outputs = [take_home, share, print_upper, print_lower, print_hengpi, print_files]
         private: dict[str, Any] = {"api_visibility": "private", "queue": False}
         for trigger, api in ((button.click, "couplet"), (keywords.submit, None)):
-            trigger(write_couplet, inputs, outputs, concurrency_limit=CONCURRENCY, concurrency_id="couplet",
-                    **_endpoint(api)).then(take_home_keywords, [payload, *inputs], take_home_outputs, **private)
+            trigger(None, [reroll, seed], seed, js=PREPARE_WRITE_JS, queue=False).then(
+                write_couplet, inputs, outputs, concurrency_limit=CONCURRENCY, concurrency_id="couplet",
+                **_endpoint(api)).then(take_home_keywords, [payload, *inputs], take_home_outputs, **private)
         duixia_inputs = [upper, temperature, seed, year, modes]
         for trigger, api in ((duixia_button.click, "duixia"), (upper.submit, None)):
-            trigger(write_duixia, duixia_inputs, outputs, concurrency_limit=CONCURRENCY, concurrency_id="couplet",
-                    **_endpoint(api)).then(take_home_duixia, [payload, *duixia_inputs], take_home_outputs, **private)
+            trigger(None, [reroll, seed], seed, js=PREPARE_WRITE_JS, queue=False).then(
+                write_duixia, duixia_inputs, outputs, concurrency_limit=CONCURRENCY, concurrency_id="couplet",
+                **_endpoint(api)).then(take_home_duixia, [payload, *duixia_inputs], take_home_outputs, **private)
         download.click(print_couplet, [print_upper, print_lower, print_hengpi, paper, ink], print_files,
                        api_name="print", concurrency_limit=2
                        ).success(lambda: gr.File(visible=True), None, print_files, **private
@@ -532,7 +598,9 @@ def sentences(parts: list[str]) -> str:
 
 def launch_kwargs() -> dict:
     """`theme`, `css` and `head` go to launch() in Gradio 6; tests launching the app pass them too."""
-    return {"css": gate_css(f"/gradio_api/file={FONT_PATH}"), "js": FOLD_ON_PHONE_JS,
+    return {"css": gate_css(f"/gradio_api/file={FONT_PATH}"), "js": FOLD_ON_PHONE_JS, "head": CHINESE_HEAD,
+            # the footer's links, less "Runs" (run history: a string Gradio has not translated)
+            "footer_links": ["api", "gradio", "settings"],
             "theme": gr.themes.Soft(primary_hue="red", secondary_hue="amber")}
 
 

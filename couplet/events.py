@@ -72,6 +72,16 @@ class CoupletResult:
         return max((s.kv_bytes + s.shared_bytes for s in self.steps), default=0)
 
     @property
+    def peak_owned_bytes(self) -> int:
+        """The most KV this request held on its own (its share of pooled prefix blocks left out)."""
+        return max((s.kv_bytes for s in self.steps), default=0)
+
+    @property
+    def peak_shared_bytes(self) -> int:
+        """The most pooled prefix bytes it referenced (stored once for every request that shares them)."""
+        return max((s.shared_bytes for s in self.steps), default=0)
+
+    @property
     def full_equivalent_bytes(self) -> int:
         return max((s.full_equivalent_bytes for s in self.steps), default=0)
 

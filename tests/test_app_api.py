@@ -290,6 +290,38 @@ def test_a_seed_out_of_range_is_replaced_with_a_chinese_note(client, temperature
     assert [(r["upper"], r["lower"]) for r in out[RESULTS]] == [(r["upper"], r["lower"]) for r in again[RESULTS]]
 
 
+def test_the_seed_picks_the_couplet_and_every_mode_shares_it(client):
+    """The page samples by default (a new seed per click, drawn in the browser): through the API, the same
+    seed writes the same couplet again in every mode, other seeds write other couplets, and a lossless mode
+    (`shared`) writes exactly `full`'s couplet on the same seed, so the modes are compared on one draw."""
+    from couplet.page.share import DEFAULT_TEMPERATURE
+
+    def draw(seed: int) -> list[tuple[str, str, str]]:
+        out = couplet(client, "明月", temperature=DEFAULT_TEMPERATURE, seed=seed, modes=["full", "shared", "int8"])
+        return [(r["upper"], r["lower"], r["hengpi"]) for r in out[RESULTS]]
+
+    first = draw(11)
+    assert draw(11) == first  # reproducible: what the share link relies on
+    full, shared, _ = first
+    assert shared == full
+    others = {tuple(draw(seed)[0]) for seed in (12, 13, 14)}
+    assert len(others | {full}) >= 3, others  # a new seed, (nearly always) a new couplet
+    greedy = {tuple(couplet(client, "明月", temperature=0.0, seed=seed, modes=["full"])[RESULTS][0][k]
+                    for k in ("upper", "lower")) for seed in (11, 12)}
+    assert len(greedy) == 1  # temperature 0 is greedy: the seed does nothing
+
+
+def test_the_api_defaults_are_the_pages(client):
+    """The endpoint's documented defaults are the form's: sampled at the page's temperature, the page's
+    default modes (a client that leaves them out gets what a visitor gets)."""
+    from couplet.page.share import DEFAULT_MODES, DEFAULT_TEMPERATURE
+
+    params = {p["parameter_name"]: p for p in client.view_api(print_info=False, return_format="dict")
+              ["named_endpoints"]["/couplet"]["parameters"]}
+    assert params["temperature"]["parameter_default"] == DEFAULT_TEMPERATURE
+    assert params["modes"]["parameter_default"] == list(DEFAULT_MODES)
+
+
 def test_refusals_and_notes_show_their_chinese_part_only(client):
     out = couplet(client, "hello", modes=[])  # refused: the checks show what the gate shows, no English
     assert "关键词里没有汉字" in _text(out[CHECKS]) and "(" not in _text(out[CHECKS])

@@ -5,6 +5,8 @@ from couplet.events import StepRecord
 from couplet.kvcache import MODE_INFO
 from couplet.page.charts import (
     KV_AXIS,
+    KV_TITLE,
+    LINE_STYLES,
     STEP_AXIS,
     SWEEP_TEXT_EN,
     UIREVISION,
@@ -33,17 +35,38 @@ def by_meta(fig, meta):
 
 
 def test_kv_figure_one_line_per_mode_plus_full_equivalent():
-    data = {"full": records("full", [1024, 2048, 3072]), "window": records("window", [1024, 2048, 2048], shared=512)}
+    data = {"full": records("full", [1024, 2048, 3072]), "shared": records("shared", [1024, 2048, 2048], shared=2048)}
     fig = kv_figure(data, LABELS)
     assert isinstance(fig, go.Figure) and len(fig.data) == 3
-    full, window = by_meta(fig, "full"), by_meta(fig, "window")
+    full, shared = by_meta(fig, "full"), by_meta(fig, "shared")
     assert list(full.y) == [1.0, 2.0, 3.0] and list(full.x) == [0, 1, 2]
-    assert list(window.y) == [1.5, 2.5, 2.5]  # own bytes + share of the prefix pool
-    assert window.name == "窗口 window" and window.line.color == MODE_INFO["window"].color
+    # the bytes this visitor owns; its share of the pooled prefix is told in the hover, not added to the line
+    assert list(shared.y) == [1.0, 2.0, 2.0]
+    assert all("共享前缀 2 KB" in extra for _, extra in shared.customdata)
+    assert all(extra == "" for _, extra in full.customdata)
+    assert shared.line.color == MODE_INFO["shared"].color
     eq = by_meta(fig, "full-equivalent")
     assert eq.line.dash == "dash" and list(eq.y) == [1000 / 1024, 2000 / 1024, 3000 / 1024]
     assert fig.layout.xaxis.title.text == STEP_AXIS and fig.layout.yaxis.title.text == KV_AXIS
-    assert fig.layout.uirevision == UIREVISION
+    assert fig.layout.title.text == KV_TITLE and fig.layout.uirevision == UIREVISION
+
+
+def test_lines_that_coincide_are_told_apart():
+    """Modes that draw the same line differ in dash and marker, and one label at the right end names them
+    all; labels of groups that end close together are pushed apart."""
+    same = [1024, 2048, 2048]
+    data = {m: records(m, same) for m in ("window", "selective", "snapkv")}
+    data["full"] = records("full", [1024, 2048, 4096])
+    data["int4"] = records("int4", [1024, 2048, 2200])  # ends 4% above the window group: a group of its own
+    fig = kv_figure(data, {})
+    styles = {(t.line.dash, t.marker.symbol) for t in fig.data if t.meta in data}
+    assert len(styles) == len(data) and len(LINE_STYLES) == len(set(LINE_STYLES.values())) == len(MODE_INFO)
+    assert not fig.layout.showlegend
+    labels = {a.text: a.y for a in fig.layout.annotations}
+    assert labels.keys() == {"滑动窗口 · 选择性保留 · SnapKV 提示压缩", "INT4 量化", "完整缓存"}
+    assert labels["滑动窗口 · 选择性保留 · SnapKV 提示压缩"] == 2.0 and labels["完整缓存"] == 4.0
+    assert labels["INT4 量化"] - 2.0 >= 0.09 * 4.0 - 1e-9  # pushed clear of the group below it
+    assert all(a.x == 2 and a.xanchor == "right" for a in fig.layout.annotations)
 
 
 def test_modes_of_different_lengths_and_unknown_labels():
@@ -64,8 +87,7 @@ def test_memory_on_cpu_says_there_is_no_gpu_and_plots_no_vram():
     fig = memory_figure(data, LABELS)
     assert len(fig.data) == 1 and fig.data[0].meta == "all-modes-kv"
     assert list(fig.data[0].y) == [2.0, 3.0]  # KV held by all modes together, in KB
-    notes = " ".join(a.text for a in fig.layout.annotations)
-    assert "没有 GPU" in notes and "CPU" in notes
+    assert "没有 GPU" in fig.layout.title.text and "不编造" in fig.layout.title.text
     assert "MB" not in fig.layout.yaxis.title.text
 
 
@@ -74,7 +96,8 @@ def test_memory_on_gpu_plots_allocator_megabytes():
     data = {"full": records("full", [1, 2], device=[100 * mb, 101 * mb]),
             "int8": records("int8", [1, 2], device=[None, 50 * mb])}
     fig = memory_figure(data, LABELS)
-    assert len(fig.data) == 2 and not fig.layout.annotations
+    assert len(fig.data) == 2 and "显存" in fig.layout.title.text
+    assert {a.text for a in fig.layout.annotations} == {"完整缓存", "INT8 量化"}  # named at the line ends
     assert list(by_meta(fig, "full").y) == [100.0, 101.0]
     assert list(by_meta(fig, "int8").y) == [None, 50.0]  # a gap, not a made-up zero
     assert by_meta(fig, "int8").line.color == MODE_INFO["int8"].color
@@ -83,7 +106,7 @@ def test_memory_on_gpu_plots_allocator_megabytes():
 def test_empty_input_gives_empty_figures():
     assert len(kv_figure({}, {}).data) == 0
     fig = memory_figure({}, {})
-    assert fig.layout.annotations  # still explains itself
+    assert "没有 GPU" in fig.layout.title.text  # still explains itself
 
 
 def test_the_sweep_plots_throughput_and_concurrency_against_the_budget() -> None:

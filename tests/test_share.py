@@ -6,8 +6,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
-from couplet.kvcache import MODES
-from couplet.page.share import MAX_VALUE_CHARS, ShareLink, parse_query, share_url
+from couplet.page.share import DEFAULT_MODES, DEFAULT_TEMPERATURE, MAX_VALUE_CHARS, ShareLink, parse_query, share_url
 from couplet.writing.calendar import DEFAULT_YEAR
 
 
@@ -34,20 +33,20 @@ def test_the_url_keeps_han_characters_readable_and_drops_the_old_query():
 
 def test_no_couplet_in_the_link_writes_nothing():
     link = parse_query({})
-    assert link.task == "" and link.notes == [] and link.modes == list(MODES)
+    assert link.task == "" and link.notes == [] and link.modes == list(DEFAULT_MODES)
 
 
 @pytest.mark.parametrize(("params", "field", "value", "note"), [
     ({"kw": "春", "len": "6"}, "length", 7, "字数「6」无效"),
     ({"kw": "春", "cang": "yes"}, "acrostic", False, "藏头「yes」无效"),
-    ({"kw": "春", "t": "nan"}, "temperature", 0.0, "温度「nan」不是数字"),
-    ({"kw": "春", "t": "9"}, "temperature", 0.0, "温度 9 超出 0–1.5"),
+    ({"kw": "春", "t": "nan"}, "temperature", DEFAULT_TEMPERATURE, "温度「nan」不是数字"),
+    ({"kw": "春", "t": "9"}, "temperature", DEFAULT_TEMPERATURE, "温度 9 超出 0–1.5"),
     ({"kw": "春", "seed": "abc"}, "seed", 0, "随机种子「abc」不是数字"),
     ({"kw": "春", "seed": "-1"}, "seed", 0, "随机种子 -1 超出"),
     ({"kw": "春", "seed": "2147483648"}, "seed", 0, "随机种子 2147483648 超出 0–2147483647"),  # not 2.14748e+09
     ({"kw": "春", "seed": "12.5"}, "seed", 0, "随机种子「12.5」不是整数"),
     ({"kw": "春", "year": "1066"}, "year", DEFAULT_YEAR, "年份 1066 超出 1900–2100"),
-    ({"kw": "春", "modes": "full,turbo"}, "modes", list(MODES), "未知的缓存模式"),
+    ({"kw": "春", "modes": "full,turbo"}, "modes", list(DEFAULT_MODES), "未知的缓存模式"),
 ])
 def test_a_wrong_value_takes_the_default_and_says_so(params, field, value, note):
     link = parse_query(params)

@@ -26,8 +26,15 @@ UIREVISION = "couplet-steps"
 STEP_AXIS = "解码步"
 KV_AXIS = "KV 缓存 (KB)"
 MEMORY_AXIS = "显存占用 (MB)"
-NO_GPU_NOTE = ("此处没有 GPU，在 CPU 上运行，没有显存数据可画（不编造数字）。"
-               "<br>改为显示：所有模式合计持有的 KV 缓存 (KB)。")
+KV_TITLE = "每写一字，各模式占多少 KV 缓存"
+NO_GPU_TITLE = "各模式合计的 KV 缓存<br><sup>本机没有 GPU：不画显存，也不编造数字</sup>"
+GPU_TITLE = "每写一字的显存占用<br><sup>CUDA 分配器所报，所有模式同在一张卡上</sup>"
+# Several modes draw the same line (full with int8's twin combo, the three retention modes at the same
+# budget): a dash and a marker of their own tell them apart where the colours overlap, and a label at the
+# line's right end names every mode that ends there.
+LINE_STYLES = {"full": ("solid", "circle"), "window": ("dash", "square"), "selective": ("dot", "diamond"),
+               "snapkv": ("dashdot", "triangle-up"), "int8": ("solid", "x"), "int4": ("longdash", "cross"),
+               "shared": ("dash", "circle-open"), "combo": ("dot", "star")}
 KB, MB = 1024, 1024 * 1024
 
 
@@ -41,7 +48,7 @@ def mode_color(mode: str) -> str:
 def _layout(fig: go.Figure, title: str, y_title: str) -> go.Figure:
     fig.update_layout(
         template="none",
-        title={"text": title, "x": 0.01, "font": {"size": 16, "color": "#7d1010"}},
+        title={"text": title, "x": 0.01, "xanchor": "left", "font": {"size": 16, "color": "#7d1010"}},
         font={"family": FONT_FAMILY, "size": 13, "color": "#2a1410"},
         paper_bgcolor="#fffaf0",
         plot_bgcolor="#fffdf7",
@@ -50,30 +57,63 @@ def _layout(fig: go.Figure, title: str, y_title: str) -> go.Figure:
         hovermode="x unified",
         legend={"orientation": "h", "y": -0.4, "yanchor": "top", "x": 0, "bgcolor": "rgba(0,0,0,0)"},
         uirevision=UIREVISION,
-        xaxis={"title": {"text": STEP_AXIS}, "gridcolor": "#f0e2bd", "zeroline": False, "rangemode": "tozero"},
-        yaxis={"title": {"text": y_title}, "gridcolor": "#f0e2bd", "zeroline": False, "rangemode": "tozero"},
+        # the two axes' "0" labels meet at the corner on a narrow screen: each stands a little off its axis
+        xaxis={"title": {"text": STEP_AXIS}, "gridcolor": "#f0e2bd", "zeroline": False, "rangemode": "tozero",
+               "ticklabelstandoff": 4},
+        yaxis={"title": {"text": y_title}, "gridcolor": "#f0e2bd", "zeroline": False, "rangemode": "tozero",
+               "ticklabelstandoff": 4},
     )
     return fig
 
 
 def _line(mode: str, label: str, steps: Sequence[int], values: Sequence[float | None], tokens: Sequence[str],
-          unit: str) -> go.Scatter:
+          unit: str, extra: Sequence[str] | None = None) -> go.Scatter:
+    dash, symbol = LINE_STYLES.get(mode, ("solid", "circle"))
     return go.Scatter(
-        x=steps, y=values, customdata=tokens, name=label, meta=mode, mode="lines+markers",
-        line={"color": mode_color(mode), "width": 2.5}, marker={"size": 5},
-        hovertemplate=f"{label} · 「%{{customdata}}」 %{{y:.1f}} {unit}<extra></extra>",
+        x=steps, y=values, customdata=list(zip(tokens, extra or [""] * len(tokens), strict=True)), name=label,
+        meta=mode, mode="lines+markers", line={"color": mode_color(mode), "width": 2.5, "dash": dash},
+        marker={"size": 6, "symbol": symbol},
+        hovertemplate=f"{label} · 「%{{customdata[0]}}」 %{{y:.1f}} {unit}%{{customdata[1]}}<extra></extra>",
     )
 
 
+def end_labels(ends: Mapping[str, tuple[int, float]], labels: Mapping[str, str], y_max: float) -> list[dict]:
+    """One annotation per group of lines that end at (nearly) the same height, naming every mode in it, at the
+    right end of the chart; groups closer than 9% of the y range are pushed apart so their labels never
+    overlap. `ends`: mode -> (last step, last value)."""
+    groups: list[tuple[float, int, list[str]]] = []  # (value, step, modes), modes that end together
+    for mode, (step, value) in sorted(ends.items(), key=lambda kv: kv[1][1]):
+        if groups and abs(value - groups[-1][0]) <= 0.015 * y_max:
+            groups[-1][2].append(mode)
+        else:
+            groups.append((value, step, [mode]))
+    out, floor = [], -float("inf")
+    gap = 0.09 * y_max
+    for value, step, modes in groups:
+        y = max(value, floor + gap)
+        floor = y
+        out.append({"x": step, "y": y, "xref": "x", "yref": "y", "xanchor": "right", "yanchor": "bottom",
+                    "yshift": 2, "showarrow": False, "text": " · ".join(labels.get(m, m) for m in modes),
+                    "font": {"size": 11, "color": mode_color(modes[0])}, "bgcolor": "rgba(255,253,247,0.85)"})
+    return out
+
+
 def kv_figure(records_by_mode: Mapping[str, Sequence[StepRecord]], labels: Mapping[str, str]) -> go.Figure:
-    """KV bytes each mode holds (own + its share of pooled prefix blocks) per decode step, in KB, one line
-    per mode, plus a dashed line for what the uncompressed cache would hold at the same length."""
+    """KV bytes each mode holds on its own per decode step, in KB, one line per mode, plus a dashed line for
+    what the uncompressed cache would hold at the same length. A mode that shares pooled prefix blocks draws
+    what this visitor owns (what one more visitor costs); the shared part is in its hover and the table.
+    Lines are named at their right ends (`end_labels`): no legend to fold onto the axis on a phone."""
     fig = go.Figure()
     full_equivalent: dict[int, int] = {}
+    ends: dict[str, tuple[int, float]] = {}
     for mode, records in records_by_mode.items():
         steps = [r.step for r in records]
-        values = [(r.kv_bytes + r.shared_bytes) / KB for r in records]
-        fig.add_trace(_line(mode, labels.get(mode, mode), steps, values, [r.token for r in records], "KB"))
+        values = [r.kv_bytes / KB for r in records]
+        shared = [f"（另有共享前缀 {r.shared_bytes / KB:.0f} KB，多人共用）" if r.shared_bytes else ""
+                  for r in records]
+        fig.add_trace(_line(mode, labels.get(mode, mode), steps, values, [r.token for r in records], "KB", shared))
+        if records:
+            ends[mode] = (steps[-1], values[-1])
         for r in records:
             full_equivalent[r.step] = max(full_equivalent.get(r.step, 0), r.full_equivalent_bytes)
     if full_equivalent:
@@ -83,7 +123,31 @@ def kv_figure(records_by_mode: Mapping[str, Sequence[StepRecord]], labels: Mappi
             mode="lines", line={"color": FULL_EQUIVALENT_COLOR, "width": 1.5, "dash": "dash"},
             hovertemplate="未压缩等价 %{y:.1f} KB<extra></extra>",
         ))
-    return _layout(fig, "每步 KV 缓存", KV_AXIS)
+    y_max = max([v for _, v in ends.values()] + [full_equivalent[s] / KB for s in full_equivalent] + [1.0])
+    return _named_lines(_layout(fig, KV_TITLE, KV_AXIS), ends, labels, y_max)
+
+
+def placeholder_figure(title: str, y_title: str) -> go.Figure:
+    """A chart before any couplet: its title and axes, and what it will show (a chart left empty would be
+    Gradio's icon, which says nothing and carries an aria-label its element may not have)."""
+    fig = _layout(go.Figure(), title, y_title)
+    fig.add_annotation(text="点「开门见喜」，这里逐字画出", xref="paper", yref="paper", x=0.5, y=0.5,
+                       showarrow=False, font={"size": 14, "color": "#7a5a50"})
+    fig.update_layout(showlegend=False, margin={"b": 56, "r": 12, "t": 64}, height=380,
+                      xaxis={"range": [0, 14]}, yaxis={"range": [0, 1]})
+    return fig
+
+
+MEMORY_TITLE = "每写一字的内存<br><sup>有 GPU 时画显存，否则画各模式合计的 KV 缓存</sup>"
+
+
+def _named_lines(fig: go.Figure, ends: Mapping[str, tuple[int, float]], labels: Mapping[str, str],
+                 y_max: float) -> go.Figure:
+    """Lines named at their right ends, in the modes' short Chinese names, instead of a legend."""
+    short = {m: MODE_INFO[m].label_zh if m in MODE_INFO else labels.get(m, m) for m in ends}
+    fig.update_layout(showlegend=False, margin={"b": 56, "r": 12}, height=380,
+                      annotations=end_labels(ends, short, y_max))
+    return fig
 
 
 def memory_figure(records_by_mode: Mapping[str, Sequence[StepRecord]], labels: Mapping[str, str]) -> go.Figure:
@@ -92,11 +156,18 @@ def memory_figure(records_by_mode: Mapping[str, Sequence[StepRecord]], labels: M
     has_device = any(r.device_allocated is not None for records in records_by_mode.values() for r in records)
     fig = go.Figure()
     if has_device:
+        ends: dict[str, tuple[int, float]] = {}
         for mode, records in records_by_mode.items():
             values = [None if r.device_allocated is None else r.device_allocated / MB for r in records]
             fig.add_trace(_line(mode, labels.get(mode, mode), [r.step for r in records], values,
                                 [r.token for r in records], "MB"))
-        return _layout(fig, "每步显存占用（CUDA 分配器）", MEMORY_AXIS)
+            known = [(r.step, v) for r, v in zip(records, values, strict=True) if v is not None]
+            if known:
+                ends[mode] = known[-1]
+        fig = _named_lines(_layout(fig, GPU_TITLE, MEMORY_AXIS), ends, labels,
+                           max([v for _, v in ends.values()] + [1.0]))
+        fig.update_layout(margin={"t": 64})
+        return fig
 
     total: dict[int, int] = {}
     for records in records_by_mode.values():
@@ -108,13 +179,8 @@ def memory_figure(records_by_mode: Mapping[str, Sequence[StepRecord]], labels: M
         mode="lines", fill="tozeroy", line={"color": "#b22222", "width": 2}, fillcolor="rgba(212,175,55,0.25)",
         hovertemplate="合计 %{y:.1f} KB<extra></extra>",
     ))
-    fig.add_annotation(
-        text=NO_GPU_NOTE, xref="paper", yref="paper", x=0.02, y=0.98, xanchor="left", yanchor="top",
-        showarrow=False, align="left", font={"size": 13, "color": "#7d1010"},
-        bgcolor="rgba(255,250,240,0.9)", bordercolor="#d4af37", borderwidth=1, borderpad=6,
-    )
-    fig = _layout(fig, "显存：此处无 GPU", "KV 缓存合计 (KB)")
-    fig.update_layout(showlegend=False, margin={"b": 56}, height=340)
+    fig = _layout(fig, NO_GPU_TITLE, "KV 缓存合计 (KB)")
+    fig.update_layout(showlegend=False, margin={"b": 56, "t": 64}, height=380)
     return fig
 
 

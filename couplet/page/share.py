@@ -27,6 +27,14 @@ from couplet.writing.text import CoupletInputError, is_han, normalize_keywords, 
 MAX_VALUE_CHARS = 64  # a longer query value is cut (and said so): no one types 64 characters of keywords
 MAX_TEMPERATURE = 1.5
 MAX_SEED = 2**31 - 1
+# The form's defaults, which a link's missing values take too. Sampled, so that each click (with a fresh seed,
+# app.PREPARE_WRITE_JS) writes a new couplet; greedy is the temperature slider at 0. The value keeps the
+# greedy figures' quality (docs/results/quality.md, "Sampling on the page").
+DEFAULT_TEMPERATURE = 0.6
+# Ticked when the page opens: the baseline, one mode of each family the page compares (retention,
+# quantization, the staged combination); the other four are a tick away. Fewer modes, a faster first character
+# on two cores (docs/results/latency.md).
+DEFAULT_MODES = ("full", "selective", "int4", "combo")
 KEYS = ("kw", "up", "len", "cang", "t", "seed", "year", "modes")
 
 
@@ -39,10 +47,10 @@ class ShareLink:
     upper: str = ""
     length: int = 7
     acrostic: bool = False
-    temperature: float = 0.0
+    temperature: float = DEFAULT_TEMPERATURE
     seed: int = 0
     year: int = DEFAULT_YEAR
-    modes: list[str] = field(default_factory=lambda: list(MODES))
+    modes: list[str] = field(default_factory=lambda: list(DEFAULT_MODES))
     notes: list[str] = field(default_factory=list)  # what was wrong with the link, in Chinese
     error: str = ""  # keywords / 上联 refused: nothing is written
 
@@ -113,16 +121,16 @@ def parse_query(params: Mapping[str, str]) -> ShareLink:
         else:
             link.notes.append(f"链接中的藏头「{raw['cang']}」无效（应为 0 或 1），已不藏头。")
     if "t" in raw:
-        link.temperature = _number(raw["t"], float, 0.0, MAX_TEMPERATURE, "温度", 0.0, link.notes)
+        link.temperature = _number(raw["t"], float, 0.0, MAX_TEMPERATURE, "温度", DEFAULT_TEMPERATURE, link.notes)
     if "seed" in raw:
         link.seed = _number(raw["seed"], int, 0, MAX_SEED, "随机种子", 0, link.notes)
     if "year" in raw:
         link.year = _number(raw["year"], int, MIN_YEAR, MAX_YEAR, "年份", DEFAULT_YEAR, link.notes)
     if "modes" in raw:
         try:
-            link.modes = [m for m in MODES if m in parse_modes(raw["modes"])] or list(MODES)
+            link.modes = [m for m in MODES if m in parse_modes(raw["modes"])] or list(DEFAULT_MODES)
         except ValueError:
-            link.notes.append("链接中有未知的缓存模式，已选全部模式（可选：" + "、".join(MODES) + "）。")
+            link.notes.append("链接中有未知的缓存模式，已选默认模式（可选：" + "、".join(MODES) + "）。")
     # the text last: keywords (or a 上联) the form would refuse are refused here, with the form's message
     for key, task, field_name, normalize in (("kw", "keywords", "keywords", normalize_keywords),
                                              ("up", "duixia", "upper", normalize_upper)):

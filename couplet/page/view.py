@@ -69,10 +69,32 @@ def highlight_diff(text: str, reference: str) -> str:
     return "".join(out)
 
 
+def _row(mode: str, cells: list[tuple[str, str]], classes: Mapping[int, str] | None = None) -> str:
+    """A table row whose cells carry their column's name (`data-label`): on a phone the CSS stacks each row
+    as a card and prints the name before the value, instead of a table cut off at the screen's edge."""
+    tds = "".join(f'<td data-label="{escape(label)}"' + (f' class="{(classes or {})[i]}"' if i in (classes or {})
+                                                          else "") + f'><span class="v">{value}</span></td>'
+                  for i, (label, value) in enumerate(cells))
+    return f'<tr data-mode="{escape(mode)}">{tds}</tr>'
+
+
+def _head(labels: list[str]) -> str:
+    return "<tr>" + "".join(f"<th>{escape(label)}</th>" for label in labels) + "</tr>"
+
+
+# A box that may scroll sideways (a tablet's width) takes the keyboard's focus, so it can be scrolled without a
+# mouse (axe-core: scrollable-region-focusable); a phone stacks its rows instead (gate.css)
+SCROLLABLE = 'tabindex="0" role="region"'
+MODES_COLUMNS = ["模式", "KV 峰值", "相对完整缓存", "用时", "与完整缓存一致", "春联（红底为不同之字）"]
+
+
 def modes_table_html(results: Mapping[str, CoupletResult]) -> str:
     """One row per mode: peak KV, ratio to full, its own decoding time, identical to full?, the couplet with
     differences marked.
 
+    A mode that keeps the prompt's prefix in the shared pool shows the bytes this visitor owns apart from its
+    share of the pool: the pooled prefix is stored once for every visitor who writes with it, so what one
+    more visitor costs the machine is the owned part (the ratio column is of that part).
     Ratios are against `full` when it ran, else against each mode's own full-precision equivalent.
     """
     if not results:
@@ -81,22 +103,33 @@ def modes_table_html(results: Mapping[str, CoupletResult]) -> str:
     rows = []
     for mode, r in results.items():
         base = full.peak_bytes if full else r.full_equivalent_bytes
-        kv, ratio = f"{r.peak_bytes / 1024:.1f} KB", f"{r.peak_bytes / base:.2f}×" if base else "—"
+        owned, pooled = r.peak_owned_bytes, r.peak_shared_bytes
+        if pooled:
+            kv = (f'自有 {owned / 1024:.1f} KB<span class="kv-shared">+ 共享前缀 {pooled / 1024:.1f} KB'
+                  "（多位访客共用一份）</span>")
+            ratio = f"{owned / base:.2f}×（自有）" if base else "—"
+        else:
+            kv, ratio = f"{r.peak_bytes / 1024:.1f} KB", f"{r.peak_bytes / base:.2f}×" if base else "—"
         if mode in REMOTE_LABELS:  # its gauge covers every request the engine holds: no per-request ratio
-            kv, ratio = f"引擎合计 {kv}", "—"
+            kv, ratio = f"引擎合计 {r.peak_bytes / 1024:.1f} KB", "—"
         same = full is not None and (r.upper, r.lower) == (full.upper, full.lower)
         ident = "—" if full is None or mode == "full" else ("✓ 相同" if same else "✗ 不同")
-        couplet = (highlight_diff(r.upper, full.upper) + " / " + highlight_diff(r.lower, full.lower)) if full else \
-            escape(f"{r.upper} / {r.lower}")
-        secs = r.seconds
-        rows.append(
-            f'<tr data-mode="{escape(mode)}"><td><span class="swatch" style="background:{mode_color(mode)}"></span>'
-            f"{escape(mode_label(mode))}</td><td>{kv}</td><td>{ratio}</td>"
-            f"<td>{secs * 1000:.0f} ms</td><td>{ident}</td><td class=\"couplet-cell\">{couplet}</td></tr>"
-        )
-    head = ("<tr><th>模式</th><th>KV 峰值</th><th>相对完整缓存</th><th>用时</th><th>与完整缓存一致</th>"
-            "<th>春联（红底为不同之字）</th></tr>")
-    return f'<div id="modes-table"><table class="modes">{head}{"".join(rows)}</table></div>'
+        upper, lower = (highlight_diff(r.upper, full.upper), highlight_diff(r.lower, full.lower)) if full else \
+            (escape(r.upper), escape(r.lower))
+        couplet = f'<span class="line">{upper}</span> / <span class="line">{lower}</span>'  # lines unbroken
+        name = f'<span class="swatch" style="background:{mode_color(mode)}"></span>{escape(mode_label(mode))}'
+        rows.append(_row(mode, list(zip(MODES_COLUMNS, [name, kv, ratio, f"{r.seconds * 1000:.0f} ms", ident,
+                                                          couplet], strict=True)), {5: "couplet-cell"}))
+    return (f'<div id="modes-table" {SCROLLABLE} aria-label="各模式对比">'
+            f'<table class="modes">{_head(MODES_COLUMNS)}{"".join(rows)}</table></div>')
+
+
+def charts_note_html() -> str:
+    """What the two charts beside it show, for a visitor who has never heard of a KV cache."""
+    return ('<p class="charts-note"><b>KV 缓存</b>是模型为读过的每个字记下的“键”和“值”，写每个新字都要回看一遍，'
+            "所以字越多、占的内存越多；<b>解码步</b>就是模型写出一个字（第 0 步是读入提示）。"
+            "左图每条线是一种模式：线越低，每位访客占的内存越少；重合的线用线型和右端的名字区分。"
+            "共享前缀、组合策略画的是本访客自有的部分，与他人共用的前缀写在下表。</p>")
 
 
 def about_markdown(model_name: str, parameters: int, device: str, dtype: str, versions: Mapping[str, str],
@@ -147,18 +180,17 @@ def peak_panel_html(bench: Mapping | None) -> str:
     run = bench["runs"][0]
     rows = run["modes"]
     top = max(r["admitted_concurrency"] for r in rows.values()) or 1.0
+    columns = ["模式", "同时接待（同一预算）", "每人 KV", "吞吐（相对完整缓存）", "首字等待（中位）", "与完整缓存一致"]
     bars = []
     for mode, r in rows.items():
         width = 100 * r["admitted_concurrency"] / top
-        bars.append(
-            f'<tr data-mode="{escape(mode)}"><td>{escape(mode_label(mode))}</td>'
-            f'<td class="bar-cell"><span class="bar" style="width:{width:.0f}%;background:{mode_color(mode)}"></span>'
-            f' 平均 {r["admitted_concurrency"]:.1f} 人（最多 {r["admitted_concurrency_peak"]}）</td>'
-            f'<td>{r["kv_per_request_bytes"] / 1024:.0f} KB</td><td>{r["throughput_tok_s"]:.0f} 字/秒'
-            f'（{r["throughput_ratio"]:.2f}×）</td><td>{r["ttft_p50_ms"] / 1000:.1f} 秒</td>'
-            f'<td>{r["identical_rate"]:.0%}</td></tr>')
-    head = ("<tr><th>模式</th><th>同时接待（同一预算）</th><th>每人 KV</th><th>吞吐（相对完整缓存）</th>"
-            "<th>首字等待（中位）</th><th>与完整缓存一致</th></tr>")
+        bar = (f'<span class="bar" style="width:{width:.0f}%;background:{mode_color(mode)}"></span>'
+               f' 平均 {r["admitted_concurrency"]:.1f} 人（最多 {r["admitted_concurrency_peak"]}）')
+        bars.append(_row(mode, list(zip(columns, [
+            escape(mode_label(mode)), bar, f'{r["kv_per_request_bytes"] / 1024:.0f} KB',
+            f'{r["throughput_tok_s"]:.0f} 字/秒（{r["throughput_ratio"]:.2f}×）', f'{r["ttft_p50_ms"] / 1000:.1f} 秒',
+            f'{r["identical_rate"]:.0%}'], strict=True)), {1: "bar-cell"}))
+    head = _head(columns)
     full, combo = rows.get("full"), rows.get("combo")
     lead = ""
     if full and combo:
@@ -166,7 +198,7 @@ def peak_panel_html(bench: Mapping | None) -> str:
                 f"组合策略 {combo['admitted_concurrency']:.1f} 位；组合策略每秒写出的字是完整缓存的 "
                 f"{combo['throughput_ratio']:.2f} 倍。</p>")
     table = f'<table class="modes peak">{head}{"".join(bars)}</table>'
-    return f'<div id="peak-panel">{lead}{table}{bench_source_html(bench)}</div>'
+    return f'<div id="peak-panel" {SCROLLABLE} aria-label="高峰测试">{lead}{table}{bench_source_html(bench)}</div>'
 
 
 def bench_source_html(bench: Mapping) -> str:

@@ -28,7 +28,7 @@ KV_AXIS = "KV 缓存 (KB)"
 MEMORY_AXIS = "显存占用 (MB)"
 KV_TITLE = "每写一字，各模式占多少 KV 缓存"
 NO_GPU_TITLE = "各模式合计的 KV 缓存<br><sup>本机没有 GPU：不画显存，也不编造数字</sup>"
-GPU_TITLE = "每写一字的显存占用<br><sup>CUDA 分配器所报，所有模式同在一张卡上</sup>"
+GPU_TITLE = "每写一字的显存占用<br><sup>CUDA 分配器所报</sup>"
 # Several modes draw the same line (full with int8's twin combo, the three retention modes at the same
 # budget): a dash and a marker of their own tell them apart where the colours overlap, and a label at the
 # line's right end names every mode that ends there.

@@ -41,14 +41,30 @@ def copies(r: CoupletResult, house: tuple[HouseCouplet, ...] = HOUSE_COUPLETS) -
     return any(_runs(line, r.keywords) & grams for line in lines)
 
 
-def template_repeat(results: list[CoupletResult]) -> float:
-    """Share of couplets sharing a run of 4+ characters with another phrase's couplet, keyword runs aside."""
+def template_flags(results: list[CoupletResult]) -> list[bool]:
+    """Per couplet: does it share a run of 4+ characters with another phrase's couplet, keyword runs aside?"""
     runs = [_runs(r.upper, r.keywords) | _runs(r.lower, r.keywords) for r in results]
     seen: dict[str, int] = {}
     for grams in runs:
         for g in grams:
             seen[g] = seen.get(g, 0) + 1
-    return mean(any(seen[g] > 1 for g in grams) for grams in runs)
+    return [any(seen[g] > 1 for g in grams) for grams in runs]
+
+
+def template_repeat(results: list[CoupletResult]) -> float:
+    """Share of couplets sharing a run of 4+ characters with another phrase's couplet, keyword runs aside."""
+    return mean(template_flags(results))
+
+
+def voice_flags(results: list[CoupletResult]) -> dict[str, list[bool]]:
+    """Per couplet, each festive-voice fault `voice_report` counts (what a paired test compares)."""
+    return {
+        "negation_rate": [any(c in NEGATION for c in chosen_text(r)) for r in results],
+        "taboo_rate": [any(c in TABOO for c in chosen_text(r)) for r in results],
+        "gloom_rate": [is_gloomy(chosen_text(r)) for r in results],
+        "copy_rate": [copies(r) for r in results],
+        "template_repeat": template_flags(results),
+    }
 
 
 def hengpi_report(results: list[CoupletResult]) -> dict[str, Any]:
@@ -64,10 +80,4 @@ def hengpi_report(results: list[CoupletResult]) -> dict[str, Any]:
 
 def voice_report(results: list[CoupletResult]) -> dict[str, float]:
     """The festive-voice figures of a set of couplets (shares of couplets)."""
-    return {
-        "negation_rate": mean(any(c in NEGATION for c in chosen_text(r)) for r in results),
-        "taboo_rate": mean(any(c in TABOO for c in chosen_text(r)) for r in results),
-        "gloom_rate": mean(is_gloomy(chosen_text(r)) for r in results),
-        "copy_rate": mean(copies(r) for r in results),
-        "template_repeat": template_repeat(results),
-    }
+    return {name: mean(flags) for name, flags in voice_flags(results).items()}

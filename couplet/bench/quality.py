@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from couplet.bench.figures import hengpi_report, mean, voice_report
+from couplet.bench.paired import paired_report
 from couplet.events import CoupletResult
 from couplet.kvcache import MODE_INFO, MODES, PrefixPool, parse_modes, parse_settings
 from couplet.models.hub import ModelUnavailable, add_model_args
@@ -238,14 +239,16 @@ def sampled_report(sampled: list[list[CoupletResult]], cfg: EvalConfig) -> dict[
 def mode_report(lm: LoadedModel, cfg: EvalConfig, mode: str, options: dict[str, Any], full: dict[str, CoupletResult],
                 full_followed: dict[str, Followed], pool: PrefixPool) -> dict[str, Any]:
     """One mode against `full` on the same phrases: bytes, identical rate, NLL delta, step agreement, rules,
-    time."""
+    time, and paired tests of each quality figure against full's."""
     peaks, identical, deltas, passed, par, seconds = [], [], [], [], [], []
+    written: list[CoupletResult] = []  # this mode's couplet per phrase, in `full`'s order
     followed: list[tuple[Followed, Followed]] = []  # (this mode's, full's) per phrase
     for phrase, ref in full.items():
         request = CoupletRequest(phrase, cfg.length)
         t0 = time.perf_counter()
         r = generate(lm, request, mode, pool, cfg.prompt, cfg.voice, **options)
         seconds.append(time.perf_counter() - t0)
+        written.append(r)
         peaks.append(r.peak_bytes)
         identical.append((r.upper, r.lower) == (ref.upper, ref.lower))
         passed.append(r.checks["passed"])
@@ -264,6 +267,8 @@ def mode_report(lm: LoadedModel, cfg: EvalConfig, mode: str, options: dict[str, 
         "rule_pass_rate": mean(passed),
         "parallelism": mean(par),
         "seconds_per_couplet": mean(seconds),
+        # against full on the same phrases: each figure's p-value (couplet.bench.paired)
+        "paired": paired_report(written, list(full.values()), deltas),
     }
 
 

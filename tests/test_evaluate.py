@@ -53,8 +53,11 @@ def test_modes_report_against_full(tiny_checkpoint, keyword_file, tmp_path):
         # a couplet differs from full's exactly when, following full's, the cache would pick otherwise somewhere
         assert (m["identical_rate"] == 1.0) == (m["flips"] == 0), name
         # (the registry's byte targets are for the embedded model's geometry; this tiny one has head_dim 16)
+        paired = m["paired"]  # each figure against full's on the same phrases, with its p-value
+        assert paired["n"] == report["n"] and 0.0 <= paired["figures"]["parallelism"]["p"] <= 1.0
         if MODE_INFO[name].lossless:
             assert m["identical_rate"] == 1.0 and m["kv_ratio"] == 1.0 and m["step_agreement"] == 1.0, name
+            assert paired["significant"] == [] and all(f["p"] == 1.0 for f in paired["figures"].values())
         else:
             assert m["kv_ratio"] < 0.6, name
 

@@ -81,3 +81,25 @@ def hengpi_report(results: list[CoupletResult]) -> dict[str, Any]:
 def voice_report(results: list[CoupletResult]) -> dict[str, float]:
     """The festive-voice figures of a set of couplets (shares of couplets)."""
     return {name: mean(flags) for name, flags in voice_flags(results).items()}
+
+
+def writing_report(results: list[CoupletResult]) -> dict[str, Any]:
+    """What a reader counts in a set of couplets: rules kept, the 对仗 score, the voice, the 横批."""
+    return {"rule_pass_rate": mean(r.checks["passed"] for r in results),
+            "parallelism": mean(r.checks["parallelism"]["score"] for r in results),
+            **voice_report(results), **hengpi_report(results)}
+
+
+def sampled_report(sampled: list[list[CoupletResult]]) -> dict[str, Any]:
+    """`writing_report` over sampled couplets (per phrase, its couplet under each seed), one seed at a time
+    (each seed: one couplet per phrase, as greedy has; the same phrase's couplets under two seeds would count
+    as each other's templates), averaged over the seeds; and how many of a phrase's couplets differ."""
+    seeds = len(sampled[0])
+    per_seed = [writing_report([drawn[s] for drawn in sampled]) for s in range(seeds)]
+    out: dict[str, Any] = {"seeds": seeds, "phrases": len(sampled),
+                           "distinct_per_phrase": mean(len({(r.upper, r.lower) for r in drawn}) / len(drawn)
+                                                       for drawn in sampled)}
+    for key, value in per_seed[0].items():
+        numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+        out[key] = statistics.fmean(seed[key] for seed in per_seed) if numeric else value
+    return out

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from couplet.bench.figures import hengpi_report, mean, voice_report
+from couplet.bench.figures import mean, sampled_report, voice_report, writing_report
 from couplet.bench.paired import paired_report
 from couplet.events import CoupletResult
 from couplet.kvcache import MODE_INFO, MODES, PrefixPool, parse_modes, parse_settings
@@ -200,40 +200,17 @@ def base_report(lm: LoadedModel, cfg: EvalConfig, phrases: list[str], pool: Pref
     covered = sum(len(set(r.keywords)) - len(r.checks["keywords"]["missing"]) for r in results)
     report = {
         "n": len(results),
-        "rule_pass_rate": mean(r.checks["passed"] for r in results),
         "keyword_coverage": covered / wanted if wanted else 0.0,
         "distinct_rate": distinct / len(results) if results else 0.0,
         "seconds_per_couplet": mean(seconds),
-        "parallelism": mean(r.checks["parallelism"]["score"] for r in results),
-        **voice_report(results),
-        **hengpi_report(results),
+        **writing_report(results),
         "samples": [r.to_json(with_steps=False) for r in results],
     }
     if sampled:  # the same figures on the sampled couplets (what a visitor who clicks again meets), per seed
-        report["sampled"] = sampled_report(sampled, cfg)
+        report["sampled"] = {"temperature": cfg.temperature, "top_p": cfg.top_p, **sampled_report(sampled)}
     if errors:
         report["errors"] = errors
     return report, greedy
-
-
-def sampled_report(sampled: list[list[CoupletResult]], cfg: EvalConfig) -> dict[str, Any]:
-    """The greedy report's figures over the sampled couplets, one seed at a time (each seed: one couplet per
-    phrase, as greedy has; the same phrase's couplets under two seeds would count as each other's templates),
-    averaged over the seeds; and how many of a phrase's couplets differ."""
-    per_seed = []
-    for s in range(cfg.seeds):
-        results = [drawn[s] for drawn in sampled]
-        per_seed.append({"rule_pass_rate": mean(r.checks["passed"] for r in results),
-                         "parallelism": mean(r.checks["parallelism"]["score"] for r in results),
-                         **voice_report(results), **hengpi_report(results)})
-    out: dict[str, Any] = {"temperature": cfg.temperature, "top_p": cfg.top_p, "seeds": cfg.seeds,
-                           "phrases": len(sampled),
-                           "distinct_per_phrase": mean(len({(r.upper, r.lower) for r in drawn}) / len(drawn)
-                                                       for drawn in sampled)}
-    for key, value in per_seed[0].items():
-        numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-        out[key] = statistics.fmean(seed[key] for seed in per_seed) if numeric else value
-    return out
 
 
 def mode_report(lm: LoadedModel, cfg: EvalConfig, mode: str, options: dict[str, Any], full: dict[str, CoupletResult],

@@ -72,9 +72,9 @@ def highlight_diff(text: str, reference: str) -> str:
 def _row(mode: str, cells: list[tuple[str, str]], classes: Mapping[int, str] | None = None) -> str:
     """A table row whose cells carry their column's name (`data-label`): on a phone the CSS stacks each row
     as a card and prints the name before the value, instead of a table cut off at the screen's edge."""
-    tds = "".join(f'<td data-label="{escape(label)}"' + (f' class="{(classes or {})[i]}"' if i in (classes or {})
-                                                          else "") + f'><span class="v">{value}</span></td>'
-                  for i, (label, value) in enumerate(cells))
+    classes = classes or {}
+    tds = "".join(f'<td data-label="{escape(label)}"' + (f' class="{classes[i]}"' if i in classes else "")
+                  + f'><span class="v">{value}</span></td>' for i, (label, value) in enumerate(cells))
     return f'<tr data-mode="{escape(mode)}">{tds}</tr>'
 
 

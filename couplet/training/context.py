@@ -44,7 +44,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from couplet.models.scoring import CONTEXTS, context_nll
 from couplet.models.tokenizer import FormatIds, entry_ids
 from couplet.training.corpus import Pair, is_heldout, read_pairs, sample_keywords
-from couplet.training.pairs import save
+from couplet.training.pairs import add_config_args, save
 from couplet.writing.exemplars import DEFAULT_K, ExemplarStore, load_store
 from couplet.writing.folk import FOLK, FolkCouplet, load_folk
 from couplet.writing.lexicon import style_of
@@ -302,11 +302,9 @@ def parse_args(argv: list[str] | None = None) -> ContextTrainConfig:
     p = argparse.ArgumentParser(prog="python -m couplet.training.context", description=__doc__.split("\n")[0])
     defaults = ContextTrainConfig(data="")
     p.add_argument("--data", required=True, help="path to couplets_train.tsv.xz (read, never copied)")
-    for name in ("init", "out", "state", "minutes", "batch_size", "lr", "p_house", "p_bare", "p_duixia", "folk",
-                 "p_folk", "p_hengpi", "warmup_frac", "device",
-                 "eval_every_min", "save_every_min", "eval_pairs", "seed", "threads", "limit_rows"):
-        value = getattr(defaults, name)
-        p.add_argument("--" + name.replace("_", "-"), type=type(value) if value is not None else int, default=value)
+    add_config_args(p, defaults, ("init", "out", "state", "minutes", "batch_size", "lr", "p_house", "p_bare",
+                                  "p_duixia", "folk", "p_folk", "p_hengpi", "warmup_frac", "device",
+                                  "eval_every_min", "save_every_min", "eval_pairs", "seed", "threads", "limit_rows"))
     p.add_argument("--resume", action="store_true")
     p.add_argument("--bf16", action="store_true")
     return ContextTrainConfig(**vars(p.parse_args(argv)))

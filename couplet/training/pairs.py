@@ -189,15 +189,20 @@ def main(cfg: TrainConfig) -> dict:
     return result
 
 
+def add_config_args(p: argparse.ArgumentParser, defaults: object, names: tuple[str, ...]) -> None:
+    """`--some-name` for each config field `some_name`, typed and defaulted by the field's default (an
+    optional field that defaults to None takes an int)."""
+    for name in names:
+        value = getattr(defaults, name)
+        p.add_argument("--" + name.replace("_", "-"), type=type(value) if value is not None else int, default=value)
+
+
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
     p = argparse.ArgumentParser(prog="python -m couplet.training.pairs", description=__doc__.split("\n")[0])
     defaults = TrainConfig(data="")
     p.add_argument("--data", required=True, help="path to couplets_train.tsv.xz (read, never copied)")
-    for name in ("out", "preset", "vocab_size", "steps", "batch_size", "lr", "warmup", "eval_every",
-                 "eval_pairs", "seed", "threads", "limit_rows"):
-        value = getattr(defaults, name)
-        kind = type(value) if value is not None else int
-        p.add_argument("--" + name.replace("_", "-"), type=kind, default=value)
+    add_config_args(p, defaults, ("out", "preset", "vocab_size", "steps", "batch_size", "lr", "warmup", "eval_every",
+                                  "eval_pairs", "seed", "threads", "limit_rows"))
     p.add_argument("--no-bf16", dest="bf16", action="store_false")
     return TrainConfig(**vars(p.parse_args(argv)))
 

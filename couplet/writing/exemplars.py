@@ -7,13 +7,17 @@ The store (`assets/exemplars/exemplars.tsv.xz`) holds up to 100,000 strictly par
 the 颔联/颈联 of regulated verse) from the training corpus, never a held-out pair, never a taboo or
 somber one, the festive-leaning first (`couplet.writing.lexicon`).
 
-Retrieval is a pure function of (query, length): the same keywords always get the same exemplars, so
-visitors who type a popular phrase share that part of the prompt in the prefix pool. Score of a pair:
-characters it shares with the query + 2 × two-character words (adjacent pairs) it shares; ties go to the
-more festive pair, then to a hash of (query, pair), so that weakly matching queries do not all fall back
-on the same exemplars. The best match is placed last, next to the request. Written by hand: it is an
-inverted index over ~100k short strings, a few numpy lines, where a search library would add a
-dependency and no precision.
+Retrieval is a pure function of (query, length): the same keywords always get the same exemplars, so visitors
+who type a popular phrase share that part of the prompt in the prefix pool. Score of a pair: characters it
+shares with the query + 2 × two-character words (adjacent pairs) it shares. When the query is a whole line
+(the visitor's 上联, for 对下联), one of the project's own 春联 (`couplet.writing.folk`) that shares anything with it
+gets + 4: a real 春联 predicts a 下联 better than a line of Tang verse does (on the 400 real 春联 of the dev
+yardstick, NLL of 下联 given 上联 4.571 → 4.542, against 4.609 with random exemplars; 4.622 → 4.592 on the 357
+that share no four characters with the house set). Not for keywords: there the 春联's stock phrases came back in
+the couplets (template repeat of `full` on 241 phrases 10.8% → 30.7%). Ties go to the more festive pair, then
+to a hash of (query, pair), so that weakly matching queries do not all fall back on the same exemplars. The
+best match is placed last, next to the request. Written by hand: it is an inverted index over ~100k short
+strings, a few numpy lines, where a search library would add a dependency and no precision.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ STORE = ASSETS / "exemplars" / "exemplars.tsv.xz"
 EMBEDDED_TOKENIZER = ASSETS / "model" / "tokenizer.json"
 MAX_PAIRS = 100_000
 DEFAULT_K = 6
+FOLK_BONUS = 4.0  # added to a house 春联 that matches a 上联 query at all (the module's docstring)
 
 
 def _bigrams(text: str) -> set[str]:
@@ -51,12 +56,13 @@ class _Shelf:
 
     pairs: list[tuple[str, str]]
     festive: np.ndarray  # (n,) float: the festive score, the first tie-break
+    house: np.ndarray  # (n,) bool: one of the project's own 春联 (`FOLK_BONUS`)
     by_char: dict[str, np.ndarray]
     by_bigram: dict[str, np.ndarray]
     row_of: dict[tuple[str, str], int]
 
     @classmethod
-    def of(cls, pairs: list[tuple[str, str]]) -> _Shelf:
+    def of(cls, pairs: list[tuple[str, str]], house: frozenset[tuple[str, str]] = frozenset()) -> _Shelf:
         chars: dict[str, list[int]] = defaultdict(list)
         grams: dict[str, list[int]] = defaultdict(list)
         for i, (u, lo) in enumerate(pairs):
@@ -65,19 +71,22 @@ class _Shelf:
             for g in _bigrams(u) | _bigrams(lo):
                 grams[g].append(i)
         return cls(pairs, np.array([festive_score(u + lo) for u, lo in pairs], dtype=np.float64),
+                   np.array([p in house for p in pairs], dtype=bool),
                    {c: np.array(v, dtype=np.int64) for c, v in chars.items()},
                    {g: np.array(v, dtype=np.int64) for g, v in grams.items()},
                    {p: i for i, p in enumerate(pairs)})
 
 
 class ExemplarStore:
-    """Pairs by line length, searchable by shared characters and words."""
+    """Pairs by line length, searchable by shared characters and words; `house` pairs (the project's own
+    春联, also among `pairs`) rank first among those that match."""
 
-    def __init__(self, pairs: list[tuple[str, str]]):
+    def __init__(self, pairs: list[tuple[str, str]], house: list[tuple[str, str]] | None = None):
         by_len: dict[int, list[tuple[str, str]]] = defaultdict(list)
         for u, lo in pairs:
             by_len[len(u)].append((u, lo))
-        self.shelves = {n: _Shelf.of(ps) for n, ps in by_len.items()}
+        own = frozenset(house or ())
+        self.shelves = {n: _Shelf.of(ps, own) for n, ps in by_len.items()}
 
     def __len__(self) -> int:
         return sum(len(s.pairs) for s in self.shelves.values())
@@ -96,6 +105,8 @@ class ExemplarStore:
         for g in _bigrams(query):
             if g in shelf.by_bigram:
                 score[shelf.by_bigram[g]] += 2.0
+        if len(query) == length:  # a 上联 (对下联): the house 春联 first (the module's docstring)
+            score += FOLK_BONUS * (shelf.house & (score > 0))
         # ties: festive first, then a per-query hash order (deterministic, different for each query)
         seed = int.from_bytes(hashlib.blake2b(f"{length}:{query}".encode(), digest_size=8).digest(), "little")
         jitter = np.random.default_rng(seed).random(n)
@@ -122,7 +133,8 @@ def read_store(path: str | Path) -> list[tuple[str, str]]:
 @lru_cache(maxsize=2)
 def load_store(path: str | Path = STORE) -> ExemplarStore:
     """The corpus pairs of the store, and the project's own 春联 (`couplet.writing.folk`)."""
-    return ExemplarStore(read_store(path) + [(c.upper, c.lower) for c in load_folk()])
+    house = [(c.upper, c.lower) for c in load_folk()]
+    return ExemplarStore(read_store(path) + house, house)
 
 
 def build_store(data: str, out: str | Path = STORE, limit: int = MAX_PAIRS,

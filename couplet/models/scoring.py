@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from couplet.models.tokenizer import FormatIds, couplet_ids, upper_start
+from couplet.models.tokenizer import FORMATS, FormatIds, couplet_ids, interleaved_ids, upper_start
 
 CONTEXTS = ("retrieved", "random", "none")
 
@@ -88,3 +88,28 @@ def context_nll(model: PreTrainedModel, tok: PreTrainedTokenizerBase, pairs: Seq
             else store.random(len(upper), DEFAULT_K, seed * 100_003 + i)
         contexts.append(house_ids(tok) + exemplar_ids(tok, ex))
     return sum(lower_line_nll(model, tok, pairs, batch_size=batch_size, contexts=contexts)) / len(pairs)
+
+
+def joint_nll(model: PreTrainedModel, tok: PreTrainedTokenizerBase, pairs: Sequence[tuple[str, str]],
+              fmt: str = "lines", batch_size: int = 256) -> float:
+    """Mean NLL per character of the whole couplet, both lines, without keywords: -log p(上联, 下联) / 2n.
+
+    Both training formats factor the same joint probability (in a different order), so this is the figure
+    that compares them at equal compute; `<mid>` and `<eos>` are left out (the interleaved format has no
+    `<mid>`)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; choose from {FORMATS}")
+    f = FormatIds.of(tok)
+    total, chars = 0.0, 0
+    for start in range(0, len(pairs), batch_size):
+        chunk = pairs[start : start + batch_size]
+        build = couplet_ids if fmt == "lines" else interleaved_ids
+        seqs = [build(tok, "", u, lo) for u, lo in chunk]
+        logp = sequence_logprobs(model, seqs, f.pad)
+        for row, seq in enumerate(seqs):
+            first = upper_start("")  # the first character; logp[:, t-1] scores token t
+            for t in range(first, len(seq) - 1):  # up to, not including, <eos>
+                if seq[t] != f.mid:
+                    total -= logp[row, t - 1].item()
+                    chars += 1
+    return total / chars

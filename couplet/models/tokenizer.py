@@ -109,3 +109,16 @@ def couplet_ids(tok: PreTrainedTokenizerBase, keywords: str, upper: str, lower: 
     f = FormatIds.of(tok)
     return [*prompt_ids(tok, keywords, len(upper), context), *char_ids(tok, upper), f.mid,
             *char_ids(tok, lower), f.eos]
+
+
+def interleaved_ids(tok: PreTrainedTokenizerBase, keywords: str, upper: str, lower: str) -> list[int]:
+    """The format ablation's sequence: `<bos> <Ln> keywords <sep> 上₁ 下₁ 上₂ 下₂ … <eos>`, each 下联 character
+    right after its counterpart (`couplet.training.pairs --format interleaved`; the page writes `couplet_ids`)."""
+    f = FormatIds.of(tok)
+    woven = [c for u, lo in zip(upper, lower, strict=True) for c in (u, lo)]
+    return [*prompt_ids(tok, keywords, len(upper)), *char_ids(tok, "".join(woven)), f.eos]
+
+
+# where the characters of a couplet sit in each training format's sequence (after `<bos> <Ln> keywords <sep>`):
+# `lines` puts the 上联, `<mid>`, then the 下联; `interleaved` alternates them
+FORMATS = ("lines", "interleaved")

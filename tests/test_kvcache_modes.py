@@ -8,7 +8,7 @@ from conftest import TINY_VOCAB, build_tiny_lm
 from transformers import DynamicCache
 
 from couplet.kvcache import MODE_INFO, MODES, PrefixPool, make_mode
-from couplet.kvcache.base import PlainStorage, lookahead_tokens
+from couplet.kvcache.base import PlainStorage, lookahead_tokens, prefill_chunk
 from couplet.kvcache.layer import CompressedLayer
 from couplet.kvcache.registry import option_names
 from couplet.kvcache.storage import storage_bytes
@@ -233,6 +233,65 @@ def test_the_prefill_holds_no_more_than_the_engine_reserves(tiny_causal_lm, mode
         assert bound < full_prompt
         real, _ = composition.owned_peak_bytes(430, 444, geometry)
         assert real <= 0.7 * 430 * geometry.token_bytes
+
+
+def prefill_peak(model, mode: str, prompts: list[list[int]], **options) -> tuple[int, torch.Tensor]:
+    """The most KV bytes a session holds at any layer's update during the prefill of `prompts` (left-padded, 6
+    more tokens expected), and the prefill's last logits. Instrumentation of the real store, as above."""
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with make_mode(mode, **options).new_session(model) as session:
+        last, held = session.cache.compressed[-1], [0]
+        update = last.store.update
+
+        def measured(*args, **kwargs):
+            out = update(*args, **kwargs)
+            held[0] = max(held[0], session.cache.kv_nbytes())
+            return out
+
+        last.store.update = measured
+        session.expect([len(p) + 6 for p in prompts])
+        logits = session.forward(ids, attention_mask=mask)[:, -1]
+    return held[0], logits
+
+
+@pytest.mark.parametrize("mode", ["window", "selective"])
+def test_a_bounded_prefill_holds_its_budget_plus_one_chunk(tiny_causal_lm, mode: str) -> None:
+    """Issue 32: a retention mode feeds the prompt a chunk at a time and evicts after each, so its prefill holds
+    what one eviction keeps plus one chunk (and `selective`'s pseudo decode tokens), not the whole prompt; the
+    engine reserves exactly that (`owned_peak_bytes`). One-shot (chunk 0) holds the whole prompt."""
+    from couplet.kvcache.layer import KVGeometry
+
+    geometry = KVGeometry.of(tiny_causal_lm)
+    prompt = LONG_PROMPT + LONG_PROMPT[:16]  # 56 tokens (the tiny models have 64 positions)
+    composition = make_mode(mode, ratio=0.3, chunk=8).compose()
+    assert composition.retention is not None and prefill_chunk(composition.retention, pooled=False) == 8
+    bound, steady = composition.owned_peak_bytes(len(prompt), len(prompt) + 6, geometry)
+    chunked, _ = prefill_peak(tiny_causal_lm, mode, [prompt], ratio=0.3, chunk=8)
+    whole, _ = prefill_peak(tiny_causal_lm, mode, [prompt], ratio=0.3, chunk=0)
+    ahead = lookahead_tokens(composition.retention, pooled=False)
+    cap = composition.retention.budget(len(prompt) + 6, len(prompt) + 6)  # ceil(0.3 * 62) = 19
+    biases = 4 * geometry.layers * (geometry.q_heads or 0) if composition.retention.merge else 0  # merged slots'
+    assert chunked <= bound <= (cap + 2 + 8 + ahead) * geometry.token_bytes + biases
+    assert whole >= len(prompt) * geometry.token_bytes > 1.45 * bound
+    one_shot, _ = make_mode(mode, ratio=0.3, chunk=0).compose().owned_peak_bytes(len(prompt), len(prompt) + 6,
+                                                                                 geometry)
+    assert whole <= one_shot and steady < bound < one_shot
+
+
+@pytest.mark.parametrize("mode", ["window", "selective"])
+def test_a_bounded_prefill_cuts_each_row_where_it_would_be_cut_alone(tiny_causal_lm, mode: str) -> None:
+    """Chunks start at each row's first real token, so a left-padded batch's rows get what they get alone; and a
+    prompt within one chunk is the one-shot prefill itself."""
+    prompts = [LONG_PROMPT + LONG_PROMPT[:16], LONG_PROMPT[:13] + LONG_PROMPT[8:], LONG_PROMPT[5:]]  # 56, 45, 35
+    _, together = prefill_peak(tiny_causal_lm, mode, prompts, ratio=0.3, chunk=8)
+    for r, p in enumerate(prompts):
+        _, alone = prefill_peak(tiny_causal_lm, mode, [p], ratio=0.3, chunk=8)
+        assert torch.allclose(together[r], alone[0], atol=1e-4, rtol=0), r
+    _, short = prefill_peak(tiny_causal_lm, mode, [LONG_PROMPT], ratio=0.3, chunk=40)
+    _, once = prefill_peak(tiny_causal_lm, mode, [LONG_PROMPT], ratio=0.3, chunk=0)
+    assert torch.equal(short, once)
 
 
 @pytest.mark.parametrize("mode", BUDGETED)

@@ -28,7 +28,7 @@ def test_the_registry_is_the_single_source() -> None:
         assert (parts.retention is not None) == isinstance(policy, Retention) or name == "combo"
     described = make_mode("selective", ratio=0.25).describe()
     assert described == ("selective: ratio=0.25, sinks=0, recent=8, floor=4, decay=0.5, keep_prompt=False, "
-                         "merge=True, lookahead=8")
+                         "merge=True, lookahead=8, chunk=32")
 
 
 def test_unknown_mode_lists_valid_names() -> None:

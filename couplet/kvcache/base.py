@@ -113,8 +113,10 @@ class Composition:
         batch shares (the house prefix); None: all of them (a request alone).
 
         The prefill may hold every prompt token at full precision until the forward ends (a retention policy
-        evicts after the forward); a quantized store quantizes a prefill layer by layer, so it holds the prompt
-        in its format plus one layer at full precision. With a pool, the prompt's whole blocks are computed
+        evicts after the forward), unless the retention feeds it in chunks (`prefill_chunk`): then what one
+        eviction keeps, plus a chunk, plus the pseudo decode tokens (`lookahead_tokens`). A quantized store
+        quantizes a prefill layer by layer, so it holds the prompt in its format plus one layer at full precision.
+        With a pool, the prompt's whole blocks are computed
         into it before the prefill (`Sharing._complete_chains`): a block the pool refuses (its byte budget)
         stays with the request, but in the store's format, so only the rest of the prompt — and the block
         being computed — are held at full precision; the bound assumes the pool refuses everything, unless
@@ -152,7 +154,23 @@ class Composition:
         # biases, one float32 per query head and layer, come on top
         merged = 4 * geometry.layers * (geometry.q_heads or geometry.kv_heads) \
             if self.retention is not None and self.retention.merge else 0
+        chunk = prefill_chunk(self.retention, self.sharing is not None)
+        if self.retention is not None and chunk and prompt > chunk:
+            # a bounded prefill: what one eviction keeps, one chunk, the pseudo decode tokens
+            ahead = lookahead_tokens(self.retention, False)
+            prefill = min(prefill, (min(kept, prompt) + chunk + ahead) * geometry.token_bytes + merged)
         return prefill, int(max(kept - pooled, 0) * per_token + residual + merged + 0.999)
+
+
+def prefill_chunk(retention: Retention | None, pooled: bool) -> int:
+    """Tokens per forward of a bounded prefill (`Retention.chunk`; `ModeSession._prefill_in_chunks`): the prompt is
+    fed a chunk at a time and evicted to the budget after each, as StreamingLLM and H2O do, so a request holds
+    its budget plus one chunk instead of the whole prompt. 0 (the whole prompt in one forward) for a policy that
+    evicts once after the prompt (`prefill_only`: SnapKV scores the prompt by its last queries), never evicts the
+    prompt (`keep_prompt`) or keeps everything, and under a pool (the prompt's blocks come from it)."""
+    if retention is None or pooled or retention.prefill_only or retention.keep_prompt or retention.ratio >= 1.0:
+        return 0
+    return retention.chunk
 
 
 def lookahead_tokens(retention: Retention | None, pooled: bool) -> int:

@@ -77,6 +77,7 @@ class Retention:
     keep_prompt: bool = False
     merge: bool = False  # fold what is evicted into one slot per query head (`merge_evicted`)
     lookahead: int = 0  # pseudo decode queries that score the prompt before its eviction (`ModeSession._look_ahead`)
+    chunk: int = 0  # the prompt fed this many tokens per forward, evicted after each (`base.prefill_chunk`)
     uses_attention: ClassVar[bool] = False  # record attention received per slot (`ScoreView.attention`)
     prefill_only: ClassVar[bool] = False  # evict once, after the first forward (the prompt), then never again
 
@@ -88,6 +89,7 @@ class Retention:
         check_bool("keep_prompt", self.keep_prompt)
         check_bool("merge", self.merge)
         check_int("lookahead", self.lookahead, 0)
+        check_int("chunk", self.chunk, 0)
 
     @property
     def observe(self) -> int | None:
@@ -126,13 +128,15 @@ class RowState:
     valid: list[bool] = field(default_factory=list)  # per owned slot: holds a real token (not padding/filler)
     protected: list[int] = field(default_factory=list)  # logical positions to keep (`ModeSession.protect`)
     expected: int | None = None  # the whole logical length at the end of the request, if the caller said
+    merged: bool = False  # something of this row was folded into its merged slots (`merge_evicted`)
 
 
 def keep_counts(retention: Retention, rows: list[RowState], prefix_len: int, residual: int,
-                merged: int = 0, held: bool = False) -> list[int]:
+                merged: int = 0) -> list[int]:
     """Per row, how many candidate slots to keep: the budget left after the prefix, the residual and the
-    `merged` slots (`merge`: once `held`, or as soon as anything is evicted), but never fewer than the forced
-    ones (sinks, the whole prompt if `keep_prompt`, the recent window) — the safety net holds even when a
+    `merged` slots (`merge`: once the row holds something merged, `RowState.merged`, or as soon as anything is
+    evicted; per row, since a bounded prefill's rows start evicting at different forwards), but never fewer than
+    the forced ones (sinks, the whole prompt if `keep_prompt`, the recent window) — the safety net holds even when a
     shared prefix has used up the budget."""
     out = []
     for row in rows:
@@ -142,7 +146,7 @@ def keep_counts(retention: Retention, rows: list[RowState], prefix_len: int, res
         forced = set(range(forced_below(retention, row))) | set(range(max(0, n - retention.recent), n))
         n_forced = sum(1 for p in forced if prefix_len <= p < n - tail_valid)
         room = retention.budget(n, row.expected) - prefix_len - tail_valid
-        if held or room < cand_valid:  # once anything is evicted, the merged slots take their room from the budget
+        if row.merged or room < cand_valid:  # once anything is evicted, the merged slots take their room
             room -= merged
         out.append(min(cand_valid, max(room, n_forced)))
     return out
@@ -160,7 +164,7 @@ def evict(retention: Retention, cache: CompressedCache, rows: list[RowState], pr
     residual = cache.compressed[0].store.residual_len
     owned = len(rows[0].valid)
     merged = cache.merged_slots if retention.merge else 0
-    keep = keep_counts(retention, rows, prefix_len, residual, merged, cache.compressed[0].merged is not None)
+    keep = keep_counts(retention, rows, prefix_len, residual, merged)
     if all(k >= sum(r.valid[: owned - residual]) for k, r in zip(keep, rows, strict=True)):
         return
     dev = cache.meta.device
@@ -174,10 +178,11 @@ def evict(retention: Retention, cache: CompressedCache, rows: list[RowState], pr
     view = ScoreView(cache.meta.pos, cache.meta.score, per_row[:, 0].float().view(1, -1, 1, 1), cache, lookahead)
     index = plan(retention, view, valid, residual, keep, per_row[:, 1], protected)
     if retention.merge:
-        merge_evicted(cache, index)
+        merge_evicted(cache, index, keep, valid)
     cache.evict(index, keep_residual=True)
     width = max(keep)
     for k, row in zip(keep, rows, strict=True):
+        row.merged |= retention.merge and k < sum(row.valid[: owned - residual])
         row.valid = [True] * k + [False] * (width - k) + row.valid[owned - residual:]
 
 
@@ -215,8 +220,12 @@ def plan(retention: Retention, view: ScoreView, valid: torch.Tensor | None, resi
     return index
 
 
-def merge_evicted(cache: CompressedCache, index: torch.Tensor) -> None:
-    """Fold the owned slots about to be evicted (those not in `index`, (layers, batch, kv_heads, kept)) into each
+def merge_evicted(cache: CompressedCache, index: torch.Tensor, keep: list[int] | None = None,
+                  valid: torch.Tensor | None = None) -> None:
+    """Fold the owned slots about to be evicted (those not in `index`, (layers, batch, kv_heads, kept), and the filler
+    picks of a row keeping fewer than `keep`'s widest: their slots stay, but as filler, never read again; real
+    tokens only, `valid` (batch, slots) when some slots are padding or filler: a row whose last query is padding, in
+    a bounded prefill's forward before its prompt starts, sees every key, padding included) into each
     layer's merged slots, one per query head, with what each already holds — as the cache-merging methods do
     (CaM, Zhang et al. 2024; D2O, Wan et al. 2024), weighted by the last query's attention. For query head j:
 
@@ -236,6 +245,12 @@ def merge_evicted(cache: CompressedCache, index: torch.Tensor) -> None:
         hq = layer.last_logits.shape[1]
         groups = hq // hk
         evicted = torch.ones(b, hk, s, dtype=torch.bool, device=keys.device).scatter_(2, kept, False)
+        if keep is not None and min(keep) < max(keep):  # a row's filler picks are evicted too: merged as it alone
+            width = max(keep)
+            filler = torch.tensor([[i >= k for i in range(width)] for k in keep], device=keys.device)
+            evicted.scatter_(2, kept[..., :width], filler[:, None, :].expand(b, hk, width))
+        if valid is not None:
+            evicted &= valid[:, None, :s]
         own = merged_slot_owners(hk, groups, keys.device)  # (q_heads, groups)
         logits = torch.cat([  # (batch, q_heads, s + 1): the evicted slots, then the head's own merged slot
             layer.last_logits[..., :s].masked_fill(~evicted.repeat_interleave(groups, dim=1), float("-inf")),

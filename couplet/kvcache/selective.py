@@ -57,6 +57,7 @@ class SelectivePolicy(Retention, Policy):
     keep_prompt: bool = False
     merge: bool = True  # fold the evicted tokens into one slot per query head (`retention.merge_evicted`)
     lookahead: int = 8  # pseudo decode queries score the prompt before its eviction (`ModeSession._look_ahead`)
+    chunk: int = 32  # the prompt fed 32 tokens per forward, evicted after each (`base.prefill_chunk`); 0: at once
 
     uses_attention: ClassVar[bool] = True
 

@@ -23,7 +23,7 @@ import torch
 
 from couplet.events import KVStats
 from couplet.kvcache.attention import Recording, recording
-from couplet.kvcache.base import lookahead_tokens
+from couplet.kvcache.base import lookahead_tokens, prefill_chunk
 from couplet.kvcache.layer import CompressedCache, FullCache
 from couplet.kvcache.pool_protocol import Flags, Sharing
 from couplet.kvcache.retention import Retention, RowState, evict
@@ -81,16 +81,64 @@ class ModeSession:
             raise ValueError(f"batch size changed from {self.batch} to {b} within a session")
         retention = self.retention if self.retention is not None and (first or not self.retention.prefill_only) \
             else None  # SnapKV-like policies act on the prompt only
-        logits = self._feed(input_ids, attention_mask, logits_to_keep, first, retention)
-        if retention is not None:
-            ahead = self._look_ahead(retention, logits) if first else None
-            evict(retention, self._compressed, self.rows, self.cache.prefix_len, ahead)
+        chunk = prefill_chunk(retention, self.sharing is not None) if first else 0
+        if chunk and q > chunk:
+            assert retention is not None
+            logits = self._prefill_in_chunks(input_ids, attention_mask, logits_to_keep, retention, chunk)
+        else:
+            logits = self._feed(input_ids, attention_mask, logits_to_keep, first, retention)
+            if retention is not None:
+                ahead = self._look_ahead(retention, logits) if first else None
+                evict(retention, self._compressed, self.rows, self.cache.prefix_len, ahead)
         self.steps += 1
         return logits
 
+    def _prefill_in_chunks(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, logits_to_keep: int,
+                           retention: Retention, chunk: int) -> torch.Tensor:
+        """The bounded prefill (`base.prefill_chunk`): each row's prompt `chunk` tokens per forward, the row evicted
+        to its budget after each, so it never holds more than its budget plus one chunk (StreamingLLM's and H2O's
+        streaming prefill). The chunks' own queries score what the early evictions keep (attention recorded as
+        in a decode step); the last chunk's eviction is scored as a whole prompt's is, by the pseudo decode
+        queries when the policy looks ahead (`_look_ahead`). Later chunks attend only to what earlier ones kept,
+        so the prompt's keys and values differ from a one-shot prefill's: the quality cost is measured in
+        docs/results/kv-modes.md.
+
+        Chunks are cut per row, from the row's first real token, so a row of a batch is cut where it would be
+        alone (its couplet is the one it writes alone): a shorter prompt has fewer chunks and starts later, with
+        forwards of padding only (masked) before, and every row's last chunk is fed in the last forward,
+        left-padded, so that `logits[:, -1]` is each row's next-token distribution. Returns those logits."""
+        q = input_ids.shape[1]
+        flags = [[True] * q] * len(self.rows) if attention_mask is None else attention_mask[:, -q:].bool().tolist()
+        prompts = [[t for t, real in zip(row, f, strict=True) if real] for row, f in zip(input_ids.tolist(), flags,
+                                                                                        strict=True)]
+        n_chunks = [-(-len(p) // chunk) for p in prompts]
+        total = max(n_chunks)
+        pad = int(input_ids[0, 0])  # any id: padding is masked
+        fed = [0] * len(self.rows)
+        logits = input_ids.new_empty(0)
+        for j in range(total):
+            pieces = [p[(k := j - total + n) * chunk : (k + 1) * chunk] if j >= total - n else []
+                      for p, n in zip(prompts, n_chunks, strict=True)]
+            width = max(len(piece) for piece in pieces)
+            ids = torch.tensor([[pad] * (width - len(piece)) + piece for piece in pieces], device=input_ids.device)
+            mask = torch.tensor([[0] * (width - len(piece)) + [1] * len(piece) for piece in pieces],
+                                device=input_ids.device)
+            last = j == total - 1
+            logits = self._feed(ids, mask, logits_to_keep if last else 1, j == 0, retention, prompt=True,
+                                prompt_end=last)
+            fed = [n + row.fed for n, row in zip(fed, self.rows, strict=True)]
+            ahead = self._look_ahead(retention, logits) if last else None
+            evict(retention, self._compressed, self.rows, self.cache.prefix_len, ahead)
+        for row, n in zip(self.rows, fed, strict=True):
+            row.fed = n  # the whole prompt was this forward's (what the step record counts as computed)
+        return logits
+
     def _feed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, logits_to_keep: int, first: bool,
-              retention: Retention | None) -> torch.Tensor:
-        """One forward through the model: positions, mask, recording, and the pool's blocks; no eviction."""
+              retention: Retention | None, prompt: bool | None = None, prompt_end: bool = True) -> torch.Tensor:
+        """One forward through the model: positions, mask, recording, and the pool's blocks; no eviction.
+        `first`: the session's first forward; `prompt` (default: `first`): it feeds prompt tokens, and
+        `prompt_end`: the prompt's last (a bounded prefill feeds it in several)."""
+        prompt = first if prompt is None else prompt
         b, q = input_ids.shape
         flags = self._new_flags(attention_mask, b, q)
         if first and self.sharing is not None:
@@ -103,7 +151,8 @@ class ModeSession:
         mask = self._mask_2d(flags, q)
         # the prompt's own attention is not recorded when pseudo decode queries will score it (`_look_ahead`)
         real = [sum(f) for f in flags] if flags is not None else [q] * b  # real tokens per row
-        scored = None if first and self._looks_ahead(retention, real) else retention
+        whole = [row.seen + n for row, n in zip(self.rows, real, strict=True)]  # the prompt so far, with these
+        scored = None if prompt and prompt_end and self._looks_ahead(retention, whole) else retention
         with recording(self._recording(scored, positions, valid_t)):
             if self.encoder is None:
                 out = self.model(input_ids=input_ids.to(self.device), attention_mask=mask,
@@ -123,7 +172,7 @@ class ModeSession:
             row.fed = sum(new)
             row.seen += row.fed
             row.valid.extend(new)
-            if first:
+            if prompt:
                 row.prompt = row.seen
         if first and self.sharing is not None:
             self.sharing.publish(self, positions)
@@ -159,7 +208,8 @@ class ModeSession:
         owned = len(self.rows[0].valid)
         decay, last = meta.decay, [(layer.last_query, layer.last_logits) for layer in cache.compressed]
         rows = [(r.seen, r.fed) for r in self.rows]
-        meta.decay = 1.0  # the pseudo queries' attention, summed (the prefill recorded none: `_feed`)
+        meta.decay = 1.0  # the pseudo queries' attention, summed (the prompt's last forward recorded none: `_feed`)
+        meta.score.zero_()  # a bounded prefill's earlier chunks recorded theirs: the pseudo queries alone decide
         ids = logits[:, -1:].argmax(-1)  # (batch, 1)
         for _ in range(n):
             ids = self._feed(ids, None, 1, False, retention)[:, -1:].argmax(-1)

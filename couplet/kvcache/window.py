@@ -28,6 +28,7 @@ class WindowPolicy(Retention, Policy):
     sinks: int = 0
     floor: int = 4
     merge: bool = False  # fold the evicted tokens into one slot per query head (`retention.merge_evicted`)
+    chunk: int = 32  # the prompt fed 32 tokens per forward, evicted after each (`base.prefill_chunk`); 0: at once
 
     def score(self, view: ScoreView) -> torch.Tensor:
         return (view.pos.float() + 1) / view.seen  # the newest token scores 1, older ones less

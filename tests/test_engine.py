@@ -64,8 +64,9 @@ def test_admission_keeps_reservations_within_the_budget(embedded_lm) -> None:
 
 def test_min_wave_holds_newcomers_for_a_fuller_wave_instead_of_staggered_small_ones(embedded_lm) -> None:
     """`snapkv` reserves its whole prompt for the prefill (it cuts the prompt once, after it) and about half of it
-    after: the room freed after a prefill admits one newcomer as a wave of its own (two forwards per step). With min_wave=2 it waits for the
-    running wave to end, and every step is one forward; the couplets are the same."""
+    after: the room freed after a prefill admits one newcomer as a wave of its own (two forwards per step).
+    With min_wave=2 it waits for the running wave to end, and every step is one forward; the couplets are the
+    same."""
     prep = prepare(embedded_lm, CoupletRequest("吉祥如意"))
     probe = Engine(embedded_lm, EngineConfig(kv_budget_mb=64, pool_mb=1))
     one = probe.submit(CoupletRequest("吉祥如意"), "snapkv", prep=prep)

@@ -20,10 +20,12 @@ and everything known about them (label, colour, budget knob and sweep, byte targ
 Contract of `ModeSession.forward(input_ids, attention_mask=None)`:
 - input_ids (batch, q) int; attention_mask None, (batch, q) or (batch, past + q) with 0 for LEFT padding.
 - returns the logits (batch, q, vocab) of this forward (`shared` prefill on a pool hit, `combo` prefill
-  always: only the positions computed, right-aligned — `logits[:, -1]` is always the next-token distribution).
+  always: only the positions computed, right-aligned; a bounded prefill, `window` and `selective` by default:
+  its last chunk's — `logits[:, -1]` is always the next-token distribution).
+- a bounded prefill feeds the prompt `chunk` tokens per forward and evicts after each (`base.prefill_chunk`).
 - a lossy pool (`combo`) gives the same bits whatever it holds: missing prompt blocks are computed one by
   one against the pooled blocks before them, then the rest of the prompt runs as on a hit.
-- positions are logical (tokens seen per row), whatever was evicted; eviction runs after the forward.
+- positions are logical (tokens seen per row), whatever was evicted; eviction runs after each forward.
 `stats()` -> KVStats(logical_length, stored_tokens, kv_bytes, shared_bytes, full_equivalent_bytes) summed
 over the batch; `stats_per_row()` one per row.
 """

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from couplet.models.tokenizer import FORMATS, FormatIds, couplet_ids, interleaved_ids, upper_start
+from couplet.models.tokenizer import FORMATS, FormatIds, couplet_ids, upper_start
 
 CONTEXTS = ("retrieved", "random", "none")
 
@@ -98,16 +98,14 @@ def joint_nll(model: PreTrainedModel, tok: PreTrainedTokenizerBase, pairs: Seque
     that compares them at equal compute; `<mid>` and `<eos>` are left out (the interleaved format has no
     `<mid>`)."""
     if fmt not in FORMATS:
-        raise ValueError(f"unknown format {fmt!r}; choose from {FORMATS}")
-    f = FormatIds.of(tok)
+        raise ValueError(f"unknown format {fmt!r}; choose from {tuple(FORMATS)}")
+    f, build = FormatIds.of(tok), FORMATS[fmt]
+    first = upper_start("")  # the first character; logp[:, t-1] scores token t
     total, chars = 0.0, 0
     for start in range(0, len(pairs), batch_size):
-        chunk = pairs[start : start + batch_size]
-        build = couplet_ids if fmt == "lines" else interleaved_ids
-        seqs = [build(tok, "", u, lo) for u, lo in chunk]
+        seqs = [build(tok, "", u, lo) for u, lo in pairs[start : start + batch_size]]
         logp = sequence_logprobs(model, seqs, f.pad)
         for row, seq in enumerate(seqs):
-            first = upper_start("")  # the first character; logp[:, t-1] scores token t
             for t in range(first, len(seq) - 1):  # up to, not including, <eos>
                 if seq[t] != f.mid:
                     total -= logp[row, t - 1].item()

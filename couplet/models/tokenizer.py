@@ -19,7 +19,7 @@ the original one-couplet format. Training puts loss on the body of every non-hou
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -119,6 +119,7 @@ def interleaved_ids(tok: PreTrainedTokenizerBase, keywords: str, upper: str, low
     return [*prompt_ids(tok, keywords, len(upper)), *char_ids(tok, "".join(woven)), f.eos]
 
 
-# where the characters of a couplet sit in each training format's sequence (after `<bos> <Ln> keywords <sep>`):
-# `lines` puts the 上联, `<mid>`, then the 下联; `interleaved` alternates them
-FORMATS = ("lines", "interleaved")
+# each training format's sequence builder, (tok, keywords, upper, lower) -> ids: after `<bos> <Ln> keywords <sep>`,
+# `lines` puts the 上联, `<mid>`, then the 下联 (what the page writes); `interleaved` alternates them
+FORMATS: dict[str, Callable[[PreTrainedTokenizerBase, str, str, str], list[int]]] = {
+    "lines": couplet_ids, "interleaved": interleaved_ids}

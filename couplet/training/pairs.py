@@ -25,7 +25,7 @@ from tqdm import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from couplet.models.scoring import joint_nll, lower_line_nll
-from couplet.models.tokenizer import FORMATS, SPECIAL_TOKENS, build_tokenizer, couplet_ids, interleaved_ids
+from couplet.models.tokenizer import FORMATS, SPECIAL_TOKENS, build_tokenizer
 from couplet.training.corpus import KINDS, Pair, is_heldout, make_batch, read_pairs, sample_keywords
 from couplet.writing.phrases import HENGPI_PHRASES
 
@@ -88,7 +88,7 @@ class TrainConfig:
         if self.preset not in PRESETS:
             raise ValueError(f"unknown preset {self.preset!r}; choose from {sorted(PRESETS)}")
         if self.format not in FORMATS:
-            raise ValueError(f"unknown format {self.format!r}; choose from {FORMATS}")
+            raise ValueError(f"unknown format {self.format!r}; choose from {tuple(FORMATS)}")
         if set(self.mix) - set(KINDS):
             raise ValueError(f"mix keys must be among {KINDS}")
 
@@ -170,10 +170,10 @@ def main(cfg: TrainConfig) -> dict:
     bar = tqdm(range(cfg.steps), desc="train", dynamic_ncols=True, file=sys.stderr, mininterval=5)
     t_tok = time.time()
     ema = None
+    build = FORMATS[cfg.format]  # the training sequence of one pair
     for step in bar:
         chosen = rng.choices(kinds, weights, k=cfg.batch_size)
         pairs = [rng.choice(by_kind[k]) for k in chosen]
-        build = couplet_ids if cfg.format == "lines" else interleaved_ids
         seqs = [build(tok, sample_keywords(p, rng), p.upper, p.lower) for p in pairs]
         inputs, labels = make_batch(seqs, ids["<pad>"], ids["<sep>"])
         for group in opt.param_groups:

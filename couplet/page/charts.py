@@ -2,16 +2,22 @@
 
 Each figure is rebuilt from scratch per update, so it is kept small: no default template (`template="none"`
 plus a few layout keys, ~1 KB instead of ~7 KB), and a constant `uirevision` so the visitor's zoom and
-legend toggles survive the stream of updates.
+legend toggles survive the stream of updates. The per-step figures (`kv_figure`, `memory_figure`) are written
+as plain dicts and wrapped once without Plotly's property validation (`_figure`): validating every trace and
+layout key took ~25 ms per figure, two figures per decode step, on the page's thread (the GIL the engine's
+worker needs too) — about half a second of a four-mode couplet. The dicts are the same keys Plotly's classes
+take; the tests read them back through the Figure.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
+import plotly.io as pio
 
 from couplet.events import StepRecord
 from couplet.kvcache import MODE_INFO
@@ -36,6 +42,8 @@ LINE_STYLES = {"full": ("solid", "circle"), "window": ("dash", "square"), "selec
                "snapkv": ("dashdot", "triangle-up"), "int8": ("solid", "x"), "int4": ("longdash", "cross"),
                "shared": ("dash", "circle-open"), "combo": ("dot", "star")}
 KB, MB = 1024, 1024 * 1024
+# Plotly's empty "none" template, resolved once (the validator resolves a template's name on every figure)
+NO_TEMPLATE = pio.templates["none"].to_plotly_json()
 
 
 def mode_color(mode: str) -> str:
@@ -45,36 +53,52 @@ def mode_color(mode: str) -> str:
     return _FALLBACK_COLORS[sum(map(ord, mode)) % len(_FALLBACK_COLORS)]
 
 
-def _layout(fig: go.Figure, title: str, y_title: str) -> go.Figure:
-    fig.update_layout(
-        template="none",
-        title={"text": title, "x": 0.01, "xanchor": "left", "font": {"size": 16, "color": "#7d1010"}},
-        font={"family": FONT_FAMILY, "size": 13, "color": "#2a1410"},
-        paper_bgcolor="#fffaf0",
-        plot_bgcolor="#fffdf7",
-        margin={"l": 60, "r": 16, "t": 48, "b": 136},
-        height=400,
-        hovermode="x unified",
-        legend={"orientation": "h", "y": -0.4, "yanchor": "top", "x": 0, "bgcolor": "rgba(0,0,0,0)"},
-        uirevision=UIREVISION,
+def _layout_dict(title: str, y_title: str) -> dict:
+    """The page's chart layout: no default template, the festive palette, a fixed `uirevision`."""
+    return {
+        "template": copy.deepcopy(NO_TEMPLATE),
+        "title": {"text": title, "x": 0.01, "xanchor": "left", "font": {"size": 16, "color": "#7d1010"}},
+        "font": {"family": FONT_FAMILY, "size": 13, "color": "#2a1410"},
+        "paper_bgcolor": "#fffaf0",
+        "plot_bgcolor": "#fffdf7",
+        "margin": {"l": 60, "r": 16, "t": 48, "b": 136},
+        "height": 400,
+        "hovermode": "x unified",
+        "legend": {"orientation": "h", "y": -0.4, "yanchor": "top", "x": 0, "bgcolor": "rgba(0,0,0,0)"},
+        "uirevision": UIREVISION,
         # the two axes' "0" labels meet at the corner on a narrow screen: each stands a little off its axis
-        xaxis={"title": {"text": STEP_AXIS}, "gridcolor": "#f0e2bd", "zeroline": False, "rangemode": "tozero",
-               "ticklabelstandoff": 4},
-        yaxis={"title": {"text": y_title}, "gridcolor": "#f0e2bd", "zeroline": False, "rangemode": "tozero",
-               "ticklabelstandoff": 4},
-    )
+        "xaxis": {"title": {"text": STEP_AXIS}, "gridcolor": "#f0e2bd", "zeroline": False, "rangemode": "tozero",
+                  "ticklabelstandoff": 4},
+        "yaxis": {"title": {"text": y_title}, "gridcolor": "#f0e2bd", "zeroline": False, "rangemode": "tozero",
+                  "ticklabelstandoff": 4},
+    }
+
+
+def _layout(fig: go.Figure, title: str, y_title: str) -> go.Figure:
+    fig.update_layout(**_layout_dict(title, y_title))
     return fig
 
 
+def _figure(traces: list[dict], layout: dict, **changes: object) -> go.Figure:
+    """A Figure from trace and layout dicts, `changes` laid over the layout's top-level keys (their sub-keys
+    merged), without Plotly's per-property validation (`_validate=False`, a private argument of
+    `BaseFigure`; see the module docstring for why)."""
+    for key, value in changes.items():
+        layout[key] = {**layout[key], **value} if isinstance(value, dict) and isinstance(layout.get(key), dict) \
+            else value
+    return go.Figure({"data": traces, "layout": layout}, _validate=False)
+
+
 def _line(mode: str, label: str, steps: Sequence[int], values: Sequence[float | None], tokens: Sequence[str],
-          unit: str, extra: Sequence[str] | None = None) -> go.Scatter:
+          unit: str, extra: Sequence[str] | None = None) -> dict:
     dash, symbol = LINE_STYLES.get(mode, ("solid", "circle"))
-    return go.Scatter(
-        x=steps, y=values, customdata=list(zip(tokens, extra or [""] * len(tokens), strict=True)), name=label,
-        meta=mode, mode="lines+markers", line={"color": mode_color(mode), "width": 2.5, "dash": dash},
-        marker={"size": 6, "symbol": symbol},
-        hovertemplate=f"{label} · 「%{{customdata[0]}}」 %{{y:.1f}} {unit}%{{customdata[1]}}<extra></extra>",
-    )
+    return {
+        "type": "scatter", "x": list(steps), "y": list(values),
+        "customdata": [list(c) for c in zip(tokens, extra or [""] * len(tokens), strict=True)], "name": label,
+        "meta": mode, "mode": "lines+markers", "line": {"color": mode_color(mode), "width": 2.5, "dash": dash},
+        "marker": {"size": 6, "symbol": symbol},
+        "hovertemplate": f"{label} · 「%{{customdata[0]}}」 %{{y:.1f}} {unit}%{{customdata[1]}}<extra></extra>",
+    }
 
 
 def end_labels(ends: Mapping[str, tuple[int, float]], labels: Mapping[str, str], y_max: float) -> list[dict]:
@@ -103,7 +127,7 @@ def kv_figure(records_by_mode: Mapping[str, Sequence[StepRecord]], labels: Mappi
     what the uncompressed cache would hold at the same length. A mode that shares pooled prefix blocks draws
     what this visitor owns (what one more visitor costs); the shared part is in its hover and the table.
     Lines are named at their right ends (`end_labels`): no legend to fold onto the axis on a phone."""
-    fig = go.Figure()
+    traces = []
     full_equivalent: dict[int, int] = {}
     ends: dict[str, tuple[int, float]] = {}
     for mode, records in records_by_mode.items():
@@ -111,20 +135,21 @@ def kv_figure(records_by_mode: Mapping[str, Sequence[StepRecord]], labels: Mappi
         values = [r.kv_bytes / KB for r in records]
         shared = [f"（另有共享前缀 {r.shared_bytes / KB:.0f} KB，多人共用）" if r.shared_bytes else ""
                   for r in records]
-        fig.add_trace(_line(mode, labels.get(mode, mode), steps, values, [r.token for r in records], "KB", shared))
+        traces.append(_line(mode, labels.get(mode, mode), steps, values, [r.token for r in records], "KB", shared))
         if records:
             ends[mode] = (steps[-1], values[-1])
         for r in records:
             full_equivalent[r.step] = max(full_equivalent.get(r.step, 0), r.full_equivalent_bytes)
     if full_equivalent:
         steps = sorted(full_equivalent)
-        fig.add_trace(go.Scatter(
-            x=steps, y=[full_equivalent[s] / KB for s in steps], name="未压缩等价", meta="full-equivalent",
-            mode="lines", line={"color": FULL_EQUIVALENT_COLOR, "width": 1.5, "dash": "dash"},
-            hovertemplate="未压缩等价 %{y:.1f} KB<extra></extra>",
-        ))
+        traces.append({
+            "type": "scatter", "x": steps, "y": [full_equivalent[s] / KB for s in steps], "name": "未压缩等价",
+            "meta": "full-equivalent", "mode": "lines",
+            "line": {"color": FULL_EQUIVALENT_COLOR, "width": 1.5, "dash": "dash"},
+            "hovertemplate": "未压缩等价 %{y:.1f} KB<extra></extra>",
+        })
     y_max = max([v for _, v in ends.values()] + [full_equivalent[s] / KB for s in full_equivalent] + [1.0])
-    return _named_lines(_layout(fig, KV_TITLE, KV_AXIS), ends, labels, y_max)
+    return _figure(traces, _layout_dict(KV_TITLE, KV_AXIS), **_named_lines(ends, labels, y_max))
 
 
 def placeholder_figure(title: str, y_title: str) -> go.Figure:
@@ -141,47 +166,42 @@ def placeholder_figure(title: str, y_title: str) -> go.Figure:
 MEMORY_TITLE = "每写一字的内存<br><sup>有 GPU 时画显存，否则画各模式合计的 KV 缓存</sup>"
 
 
-def _named_lines(fig: go.Figure, ends: Mapping[str, tuple[int, float]], labels: Mapping[str, str],
-                 y_max: float) -> go.Figure:
-    """Lines named at their right ends, in the modes' short Chinese names, instead of a legend."""
+def _named_lines(ends: Mapping[str, tuple[int, float]], labels: Mapping[str, str], y_max: float) -> dict:
+    """The layout changes that name the lines at their right ends, in the modes' short Chinese names, instead of
+    a legend."""
     short = {m: MODE_INFO[m].label_zh if m in MODE_INFO else labels.get(m, m) for m in ends}
-    fig.update_layout(showlegend=False, margin={"b": 56, "r": 12}, height=380,
-                      annotations=end_labels(ends, short, y_max))
-    return fig
+    return {"showlegend": False, "margin": {"b": 56, "r": 12}, "height": 380,
+            "annotations": end_labels(ends, short, y_max)}
 
 
 def memory_figure(records_by_mode: Mapping[str, Sequence[StepRecord]], labels: Mapping[str, str]) -> go.Figure:
     """Device memory per step (CUDA allocator, MB), one line per mode. On CPU (every value None) there is
     nothing true to plot, so the figure says so and shows the KV bytes all modes hold together instead."""
     has_device = any(r.device_allocated is not None for records in records_by_mode.values() for r in records)
-    fig = go.Figure()
     if has_device:
+        traces = []
         ends: dict[str, tuple[int, float]] = {}
         for mode, records in records_by_mode.items():
             values = [None if r.device_allocated is None else r.device_allocated / MB for r in records]
-            fig.add_trace(_line(mode, labels.get(mode, mode), [r.step for r in records], values,
+            traces.append(_line(mode, labels.get(mode, mode), [r.step for r in records], values,
                                 [r.token for r in records], "MB"))
             known = [(r.step, v) for r, v in zip(records, values, strict=True) if v is not None]
             if known:
                 ends[mode] = known[-1]
-        fig = _named_lines(_layout(fig, GPU_TITLE, MEMORY_AXIS), ends, labels,
-                           max([v for _, v in ends.values()] + [1.0]))
-        fig.update_layout(margin={"t": 64})
-        return fig
+        named = _named_lines(ends, labels, max([v for _, v in ends.values()] + [1.0]))
+        named["margin"] = {**named["margin"], "t": 64}
+        return _figure(traces, _layout_dict(GPU_TITLE, MEMORY_AXIS), **named)
 
     total: dict[int, int] = {}
     for records in records_by_mode.values():
         for r in records:
             total[r.step] = total.get(r.step, 0) + r.kv_bytes + r.shared_bytes
     steps = sorted(total)
-    fig.add_trace(go.Scatter(
-        x=steps, y=[total[s] / KB for s in steps], name="所有模式合计 KV 缓存", meta="all-modes-kv",
-        mode="lines", fill="tozeroy", line={"color": "#b22222", "width": 2}, fillcolor="rgba(212,175,55,0.25)",
-        hovertemplate="合计 %{y:.1f} KB<extra></extra>",
-    ))
-    fig = _layout(fig, NO_GPU_TITLE, "KV 缓存合计 (KB)")
-    fig.update_layout(showlegend=False, margin={"b": 56, "t": 64}, height=380)
-    return fig
+    trace = {"type": "scatter", "x": steps, "y": [total[s] / KB for s in steps], "name": "所有模式合计 KV 缓存",
+             "meta": "all-modes-kv", "mode": "lines", "fill": "tozeroy", "line": {"color": "#b22222", "width": 2},
+             "fillcolor": "rgba(212,175,55,0.25)", "hovertemplate": "合计 %{y:.1f} KB<extra></extra>"}
+    return _figure([trace], _layout_dict(NO_GPU_TITLE, "KV 缓存合计 (KB)"), showlegend=False,
+                   margin={"b": 56, "t": 64}, height=380)
 
 
 def engine_figure(steps: Sequence[int], gauges: Sequence[EngineGauges]) -> go.Figure:

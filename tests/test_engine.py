@@ -252,6 +252,32 @@ def test_continuous_batching_joins_rows_at_their_own_step_and_they_write_what_th
     assert all(first.first_token < t.admitted for t in later)
 
 
+@pytest.mark.parametrize("mode", [m for m in MODES if m != "full"])
+def test_every_compressed_mode_joins_its_running_batch_and_writes_what_it_writes_alone(embedded_lm, mode: str) -> None:
+    """Continuous batching beyond the plain cache: in every compressed mode (quantized groups, retention slots and
+    merged slots, pool prefixes), requests arriving while a batch decodes join it after their prefill — one
+    forward per step for all — and each writes the couplet it writes alone; what a row held never exceeded what
+    it reserved, and every reservation and pool reference is back when idle."""
+    phrases = ["龙马精神", "春风", "五福临门", "吉祥如意"]
+    alone = {p: generate(embedded_lm, CoupletRequest(p), mode, pool=PrefixPool()) for p in phrases}
+    with Engine(embedded_lm, EngineConfig(kv_budget_mb=64, pool_mb=4)) as engine:
+        first = engine.submit(CoupletRequest(phrases[0]), mode)
+        stream = iter(first)
+        for _ in range(3):  # the first row is 3 characters in when the others arrive
+            next(stream)
+        later = [engine.submit(CoupletRequest(p), mode) for p in phrases[1:]]
+        results = [[*stream][-1].result] + [list(t)[-1].result for t in later]
+        wait_idle(engine)
+        st = engine.stats()
+        assert st.reserved_bytes == 0 and st.peak_reserved_bytes <= engine.budget and st.pool_refs == 0
+        assert st.peak_in_flight >= 2
+        assert st.forwards <= st.rounds + len(later)  # the newcomers' prefills; then one forward per step for all
+    assert all(max(s.kv_bytes for s in r.steps) <= t.peak_reserved for r, t in zip(results, [first, *later],
+                                                                                      strict=True))
+    for phrase, r in zip(phrases, results, strict=True):
+        assert (r.upper, r.lower, r.hengpi) == (alone[phrase].upper, alone[phrase].lower, alone[phrase].hengpi)
+
+
 def test_a_failed_join_reaches_both_batches_and_the_engine_serves_on(embedded_lm, monkeypatch) -> None:
     """Fault injection (a join that runs out of memory half-way cannot be provoked on CPU): both batches'
     visitors get the error, their reservations come back, and the worker lives on to serve the next visitor."""

@@ -163,7 +163,7 @@ def test_a_run_of_blocks_attends_the_blocks_before_it_as_the_pool_stores_them(lo
     block alone after the earlier ones were pooled gives: the prefix, the run's earlier blocks encoded and
     decoded, its own block causally. With a lossless codec that is plain causal attention."""
     from couplet.kvcache.attention import with_requantized_run
-    from couplet.kvcache.storage import PlainCodec, QuantCodec
+    from couplet.kvcache.blocks import PlainCodec, QuantCodec
 
     g = torch.Generator().manual_seed(3)
     b, hq, hk, d, start, bs, q = 2, 4, 2, 8, 3, 2, 6

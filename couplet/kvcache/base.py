@@ -19,10 +19,11 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from couplet.kvcache.blocks import BlockCodec, PlainCodec
 from couplet.kvcache.layer import KVGeometry
 from couplet.kvcache.pool import PrefixPool
 from couplet.kvcache.pool_protocol import LOSSY_RUN_BLOCKS
-from couplet.kvcache.storage import BlockCodec, PlainCodec, PlainStore, Store
+from couplet.kvcache.storage import PlainStore, Store
 
 if TYPE_CHECKING:
     from couplet.kvcache.pool_protocol import Sharing
@@ -73,8 +74,7 @@ class Composition:
 
     @property
     def plain(self) -> bool:
-        """Nothing compressed: transformers' DynamicCache itself (`build_session`), whose rows can join a
-        running batch (`ModeSession.join`, the engine's continuous batching)."""
+        """Nothing compressed: transformers' DynamicCache itself (`build_session`)."""
         return isinstance(self.storage, PlainStorage) and self.retention is None and self.sharing is None
 
     def block_bytes(self, geometry: KVGeometry) -> int:

@@ -27,7 +27,8 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
-from couplet.kvcache.storage import BlockCodec, QuantStore, Store, storage_bytes
+from couplet.kvcache.blocks import BlockCodec
+from couplet.kvcache.storage import QuantStore, Store, storage_bytes
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,31 @@ class SlotMeta:
         self.pos = self.pos.gather(3, index)
         if self.score is not None:
             self.score = self.score.gather(3, index)
+
+    def append_rows(self, other: SlotMeta, width: int) -> None:
+        """`other`'s rows after these, both left-padded to `width` owned slots (positions and scores 0: filler)."""
+        self.columns = max(self.columns, other.columns)
+        if self.pos is not None and other.pos is not None:
+            self.pos = torch.cat([_pad_last(self.pos, width), _pad_last(other.pos, width)], dim=1)
+        if self.score is not None and other.score is not None:
+            self.score = torch.cat([_pad_last(self.score, width), _pad_last(other.score, width)], dim=1)
+
+    def keep_rows(self, rows: torch.Tensor, trim: int) -> None:
+        if self.pos is not None:
+            self.pos = self.pos[:, rows, :, trim:].contiguous()
+        if self.score is not None:
+            self.score = self.score[:, rows, :, trim:].contiguous()
+
+    def prepend(self, positions: torch.Tensor) -> None:
+        """Owned slots at logical `positions` (batch, n) int32 before those held (scores 0)."""
+        if self.pos is None:
+            return
+        b, n = positions.shape
+        new = positions[None, :, None, :].expand(self.num_layers, b, self.kv_heads, n).to(self.pos.device)
+        self.pos = torch.cat([new, self.pos], dim=-1)
+        if self.score is not None:
+            self.score = torch.cat([torch.zeros(new.shape, dtype=torch.float32, device=new.device), self.score], -1)
+
 
 
 class CompressedLayer(DynamicLayer):
@@ -309,6 +335,55 @@ class CompressedCache(Cache):
         """Bytes one token costs in an uncompressed cache (all layers, keys + values, model dtype)."""
         return sum(layer.token_nbytes for layer in self.compressed)
 
+    # ---- a running batch's rows (continuous batching: `ModeSession.join` and `drop`) ----
+    def can_append(self, other: CompressedCache, prefix: bool = True) -> bool:
+        """Whether `other`'s rows can follow these (`append_rows`): stores that join, one prefix length (unless
+        `prefix` is False: a pool's join shortens the longer first, `Sharing.join`)."""
+        return ((self.prefix_len == other.prefix_len or not prefix) and self.merged_slots == other.merged_slots
+                and all(a.store.can_append(b.store) for a, b in zip(self.compressed, other.compressed, strict=True)))
+
+    def append_rows(self, other: CompressedCache, batches: tuple[int, int]) -> int:
+        """`other`'s rows after these (`can_append`; `batches`: how many rows each holds), every layer's owned
+        slots left-padded to the longer's (the session marks the padding invalid); returns that width. The prefix
+        keeps its length: each row its own blocks (the common ones, attended once, recomputed). Merged slots: a
+        row that has none gets zero keys and a bias of -inf (it stands for nothing, as `merge_evicted` leaves
+        it)."""
+        width = max(self.compressed[0].store.length, other.compressed[0].store.length)
+        for mine, theirs in zip(self.compressed, other.compressed, strict=True):
+            mine.store.append_rows(theirs.store)
+            if mine.merged is not None or theirs.merged is not None:
+                ref = mine.merged if mine.merged is not None else theirs.merged
+                assert ref is not None
+                a, b = (m if m is not None else _no_merged(ref, n) for m, n in (
+                    (mine.merged, batches[0]), (theirs.merged, batches[1])))
+                mine.merged = tuple(torch.cat([x, y]) for x, y in zip(a, b, strict=True))  # type: ignore[assignment]
+            if mine.prefix_len:
+                assert mine.prefix_rows is not None and theirs.prefix_rows is not None and mine.prefix_codec
+                mine.set_prefix(mine.prefix_rows + theirs.prefix_rows, mine.prefix_codec, mine.prefix_len)
+            mine.last_query = mine.last_logits = None  # the next forward's, before any eviction reads them
+        self.meta.append_rows(other.meta, width)
+        return width
+
+    def keep_rows(self, rows: torch.Tensor, trim: int) -> None:
+        """Keep these rows (indices), without their first `trim` owned slots."""
+        kept = rows.tolist()
+        for layer in self.compressed:
+            layer.store.keep_rows(rows, trim)
+            if layer.merged is not None:
+                layer.merged = tuple(t[rows] for t in layer.merged)  # type: ignore[assignment]
+            if layer.prefix_len:
+                assert layer.prefix_rows is not None and layer.prefix_codec is not None
+                layer.set_prefix([layer.prefix_rows[r] for r in kept], layer.prefix_codec, layer.prefix_len)
+            layer.last_query = layer.last_logits = None
+        self.meta.keep_rows(rows, trim)
+
+    def prepend(self, rows: list[Any], positions: torch.Tensor) -> None:
+        """Rows in the stores' format (one entry per layer, `BlockCodec.batch`) before the owned slots, at logical
+        `positions` (batch, n) int32: pool blocks a row now holds as its own (`Sharing.join`)."""
+        for layer, layer_rows in zip(self.compressed, rows, strict=True):
+            layer.store.prepend(layer_rows)
+        self.meta.prepend(positions)
+
 
 class FullCache(DynamicCache):
     """The baseline: transformers' DynamicCache unchanged, plus the byte accounting sessions report."""
@@ -371,6 +446,19 @@ class FullCache(DynamicCache):
 
     def token_bytes(self) -> int:
         return sum(2 * k.shape[1] * k.shape[-1] * k.element_size() for k, _ in self._keys_values())
+
+
+def _pad_last(t: torch.Tensor, width: int) -> torch.Tensor:
+    """(..., slots) left-padded with zeros to `width` slots."""
+    return torch.nn.functional.pad(t, (width - t.shape[-1], 0))
+
+
+def _no_merged(like: tuple[torch.Tensor, torch.Tensor, torch.Tensor], batch: int
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Merged slots for `batch` rows that have merged nothing: zero keys and values, bias -inf."""
+    k, v, bias = like
+    return (k.new_zeros((batch, *k.shape[1:])), v.new_zeros((batch, *v.shape[1:])),
+            bias.new_full((batch, *bias.shape[1:]), float("-inf")))
 
 
 def _pad_left(t: torch.Tensor, width: int) -> torch.Tensor:

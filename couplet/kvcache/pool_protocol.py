@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from couplet.kvcache.attention import Recording, recording
+from couplet.kvcache.blocks import BlockCodec
 from couplet.kvcache.layer import CompressedCache
 from couplet.kvcache.pool import Block, PrefixPool, chain_keys
-from couplet.kvcache.storage import BlockCodec, PlainStore
+from couplet.kvcache.storage import PlainStore
 
 if TYPE_CHECKING:
     from couplet.kvcache.session import ModeSession
@@ -135,6 +136,58 @@ class Sharing:
         """Drop every reference (idempotent); also done, as a last resort, when the session is collected."""
         if self._finalizer is not None:
             self._finalizer()
+
+    # ---- a running batch's rows (`ModeSession.join`, `drop`) ----
+    def can_join(self, s: ModeSession, other: ModeSession) -> bool:
+        """Whether `other`'s rows (with their own `Sharing` of the same pool and format) can join `s`'s batch."""
+        theirs = other.sharing
+        return (theirs is not None and theirs.pool is self.pool and theirs.namespace == self.namespace
+                and self._cache(s).can_append(self._cache(other), prefix=False))
+
+    def join(self, s: ModeSession, other: ModeSession) -> None:
+        """Before `s`'s cache takes `other`'s rows: both batches keep the shorter prefix of the two, the rows of the
+        longer holding the blocks beyond it as their own slots, in the store's format (nothing re-quantized: the
+        same keys and values, so the same attention), and their references to those blocks released — the state
+        a wave's rows are in after the blocks they do not all share (`attach`). Then `other`'s references become
+        `s`'s (its own finalizer is left nothing to release)."""
+        theirs = other.sharing
+        assert theirs is not None
+        m = min(self._cache(s).prefix_len, self._cache(other).prefix_len)
+        for sharing, session in ((self, s), (theirs, other)):
+            sharing._demote(session, m)
+        self.blocks.extend(theirs.blocks)  # in place: this session's finalizer holds this list
+        theirs.blocks.clear()
+        self._prompts += theirs._prompts
+        self._keys += theirs._keys
+        self._loaded += theirs._loaded
+
+    def keep_rows(self, keep: list[int]) -> None:
+        """Only these rows stay (`ModeSession.drop`): the others' references are released."""
+        kept = set(keep)
+        for r, row in enumerate(self.blocks):
+            if r not in kept:
+                self.pool.release(row)
+        self.blocks[:] = [self.blocks[r] for r in keep]  # in place: the finalizer holds this list
+        self._prompts = [self._prompts[r] for r in keep]
+        self._keys = [self._keys[r] for r in keep]
+        self._loaded = [self._loaded[r] for r in keep]
+
+    def _demote(self, s: ModeSession, m: int) -> None:
+        """The batch's prefix shortened to `m` tokens (whole blocks): every row's blocks beyond it become its own
+        slots (before those it holds, at their logical positions), and their references are released."""
+        cache, bs = self._cache(s), self.block_size
+        n = cache.prefix_len - m
+        if n <= 0:
+            return
+        extra = [row[m // bs:] for row in self.blocks]
+        cache.prepend([self.codec.batch([[blk.payload[i] for blk in row] for row in extra], n)
+                       for i in range(len(cache.compressed))],
+                      torch.arange(m, m + n, dtype=torch.int32, device=s.device).expand(s.batch, n))
+        for row in s.rows:
+            row.valid[:0] = [True] * n
+        self._loaded = [list(range(m, m + n)) + loaded for loaded in self._loaded]
+        self._keep_common(m // bs)
+        self._set_prefix(cache, m)
 
     # ---- internals ----
     @staticmethod

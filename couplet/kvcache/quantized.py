@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from couplet.kvcache.base import Composition, check_bool, check_choice, check_int
+from couplet.kvcache.blocks import QuantCodec
 from couplet.kvcache.policy import Policy
-from couplet.kvcache.storage import QuantCodec, QuantStore
+from couplet.kvcache.storage import QuantStore
 
 KEY_AXES = ("token", "channel")
 

@@ -246,36 +246,63 @@ class ModeSession:
 
     @property
     def joinable(self) -> bool:
-        """Whether another session's rows can join this one's batch (`join`): the plain full cache only. A
-        compressed layout (quantized groups with their residual, retention scores and merged slots, pool block
-        references with their cascade prefix) would need a join of its own per store — not built, see the
-        docs/results/serving.md."""
-        # `build_session` makes a FullCache for a plain composition only (`Composition.plain`)
-        return isinstance(self.cache, FullCache) and self.encoder is None and not self.cache.sliding
+        """Whether another session's rows can join this one's batch (`join`): a decoder-only model's cache, plain
+        (no sliding layers) or compressed — whichever of the second's stores can follow (`can_join`)."""
+        if self.encoder is not None or self._closed:
+            return False
+        return isinstance(self.cache, CompressedCache) or not self.cache.sliding
+
+    def can_join(self, other: ModeSession) -> bool:
+        """Whether `other`'s rows can join this batch now: both joinable and past their prefill, of one mode, with
+        caches that append (a compressed one: stores of one format, quantized residuals of one length)."""
+        if not (self.joinable and other.joinable and self.steps and other.steps and self.mode == other.mode):
+            return False
+        if isinstance(self.cache, FullCache) or isinstance(other.cache, FullCache):
+            return isinstance(self.cache, FullCache) and isinstance(other.cache, FullCache)
+        if self.sharing is not None and other.sharing is not None:
+            return self.sharing.can_join(self, other)
+        return self.cache.can_append(other.cache)
 
     def join(self, other: ModeSession) -> None:
-        """Append `other`'s rows to this batch (continuous batching), both sessions past their prefill; `other`
-        is spent. The shorter cache is left-padded to the longer one's width (`FullCache.append_rows`), its
-        padding slots masked like a prefill's."""
-        if not (self.joinable and other.joinable) or not self.steps or not other.steps:
-            raise ValueError("only two full-cache sessions past their prefill can join")
-        assert isinstance(self.cache, FullCache) and isinstance(other.cache, FullCache)
-        width = self.cache.append_rows(other.cache)
+        """Append `other`'s rows to this batch (continuous batching), both sessions past their prefill (`can_join`);
+        `other` is spent. The narrower owned slots are left-padded to the wider's, the padding masked like a
+        prefill's; each row's slots, positions, scores and merged slots are its own, so it decodes on as alone.
+        With a prefix pool, the batch keeps the shorter prefix: the other rows hold the blocks beyond it as their
+        own slots (`Sharing.join`), as a wave's rows do after the common prefix."""
+        if not self.can_join(other):
+            raise ValueError("these sessions cannot join (mode, cache format, or prefill not done)")
+        if isinstance(self.cache, FullCache):
+            assert isinstance(other.cache, FullCache)
+            width = self.cache.append_rows(other.cache)
+            other.cache.release()  # its rows live on in this batch: no second copy until the spent wave is gone
+        else:
+            assert isinstance(other.cache, CompressedCache)
+            if self.sharing is not None and other.sharing is not None:
+                self.sharing.join(self, other)
+            width = self.cache.append_rows(other.cache, (self.batch, other.batch))
+            self.cache.meta.cascade = True  # a batch of several rows attends its common prefix once
         for row in self.rows + other.rows:
             row.valid[:0] = [False] * (width - len(row.valid))
         self.rows += other.rows
-        other.cache.release()  # its rows live on in this batch: no second copy until the spent wave is gone
         other.rows, other._closed = [], True
 
     def drop(self, keep: Sequence[int]) -> None:
         """Keep only these rows (the others finished), and trim the columns that are padding in every row kept
-        (a joined batch's left padding does not outlive the rows that needed it)."""
+        (a joined batch's left padding does not outlive the rows that needed it); a pool's references of the
+        rows that leave are released."""
         if not self.joinable:
-            raise ValueError("rows leave a full-cache session only")
+            raise ValueError("rows leave a session whose rows can join only")
         rows = [self.rows[i] for i in keep]
         trim = min((row.valid.index(True) if True in row.valid else len(row.valid) for row in rows), default=0)
-        assert isinstance(self.cache, FullCache)
-        self.cache.keep_rows(torch.tensor(list(keep), dtype=torch.long, device=self.device), trim)
+        index = torch.tensor(list(keep), dtype=torch.long, device=self.device)
+        if isinstance(self.cache, FullCache):
+            self.cache.keep_rows(index, trim)
+        else:
+            if self.cache.compressed[0].store.residual_len:  # the residual's slots are real: never trimmed
+                trim = min(trim, len(rows[0].valid) - self.cache.compressed[0].store.residual_len)
+            self.cache.keep_rows(index, trim)
+            if self.sharing is not None:
+                self.sharing.keep_rows(list(keep))
         for row in rows:
             del row.valid[:trim]
         self.rows = rows

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from couplet.kvcache.base import Composition, check_int
+from couplet.kvcache.blocks import BlockCodec
 from couplet.kvcache.policy import Policy
 from couplet.kvcache.pool import PrefixPool, default_pool
 from couplet.kvcache.pool_protocol import Sharing, model_namespace
-from couplet.kvcache.storage import BlockCodec
 
 
 @dataclass

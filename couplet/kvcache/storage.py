@@ -5,9 +5,7 @@ attention, and gathers the slots a retention policy chose. Shapes are transforme
 (batch, kv_heads, slots, head_dim). Every tensor a store holds is an owning, compact tensor (never a view
 into a bigger buffer), so `nbytes()` — the sum of `untyped_storage().nbytes()` — is exactly what it holds.
 
-Block codecs turn one row's slice of keys/values, (kv_heads, tokens, head_dim), into the immutable
-payload stored in the prefix pool, and back; `batch` lays pool payloads out in their store's own format
-(`Store.load`), for rows that keep pool blocks as private slots (see `ModeSession`).
+The pool's block codecs, whose payloads a store takes in its own format (`Store.load`), are in `blocks.py`.
 """
 
 from __future__ import annotations
@@ -50,6 +48,19 @@ def storage_bytes(tensors: list[torch.Tensor]) -> int:
     return sum(seen.values())
 
 
+def _padded_rows(rows: QuantRows | None, like: QuantRows, batch: int, width: int) -> QuantRows:
+    """(2, batch, heads, slots, ·) rows left-padded with zero codes and scales to `width` slots; None: all zeros
+    shaped as `like`'s, for `batch` rows."""
+    if rows is None:
+        return like.map(lambda t: t.new_zeros((t.shape[0], batch, *t.shape[2:-2], width, t.shape[-1])))
+    return rows.map(lambda t: pad_slots(t, width))
+
+
+def pad_slots(t: torch.Tensor, width: int) -> torch.Tensor:
+    """(..., slots, ·) left-padded with zeros to `width` slots (filler: the session masks it)."""
+    return t if t.shape[-2] == width else torch.nn.functional.pad(t, (0, 0, width - t.shape[-2], 0))
+
+
 class Store(Protocol):
     """What a cache layer needs from its storage."""
 
@@ -67,6 +78,12 @@ class Store(Protocol):
     def gather(self, index: torch.Tensor, keep_residual: bool) -> None: ...
     def tensors(self) -> list[torch.Tensor]: ...
     def nbytes(self) -> int: ...
+    # a running batch's rows (continuous batching, `CompressedCache.append_rows`): another store's rows after these,
+    # both left-padded to one width; rows kept (and leading slots trimmed); rows in the store's format put first
+    def can_append(self, other: Any) -> bool: ...
+    def append_rows(self, other: Any) -> None: ...
+    def keep_rows(self, rows: torch.Tensor, trim: int) -> None: ...
+    def prepend(self, rows: Any) -> None: ...
 
 
 class PlainStore:
@@ -119,6 +136,26 @@ class PlainStore:
 
     def nbytes(self) -> int:
         return storage_bytes(self.tensors())
+
+    def can_append(self, other: Store) -> bool:
+        return isinstance(other, PlainStore) and self.k is not None and other.k is not None
+
+    def append_rows(self, other: PlainStore) -> None:
+        """`other`'s rows after these, the shorter left-padded with zeros to the longer's slots."""
+        assert self.k is not None and self.v is not None and other.k is not None and other.v is not None
+        width = max(self.length, other.length)
+        self.k = torch.cat([pad_slots(self.k, width), pad_slots(other.k, width)])
+        self.v = torch.cat([pad_slots(self.v, width), pad_slots(other.v, width)])
+
+    def keep_rows(self, rows: torch.Tensor, trim: int) -> None:
+        """Keep these rows (indices), without their first `trim` slots."""
+        assert self.k is not None and self.v is not None
+        self.k, self.v = own(self.k[rows, :, trim:]), own(self.v[rows, :, trim:])
+
+    def prepend(self, rows: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """(batch, heads, n, head_dim) keys and values (`PlainCodec.batch`) before the slots held."""
+        assert self.k is not None and self.v is not None
+        self.k, self.v = torch.cat([rows[0], self.k], dim=-2), torch.cat([rows[1], self.v], dim=-2)
 
 
 class QuantStore:
@@ -277,6 +314,49 @@ class QuantStore:
         self.dtype, self.group = rows.scale.dtype, rows.group
         self.rows = rows.map(own) if len(pieces) > 1 else rows.map(torch.clone)  # never a payload's own tensors
 
+    def can_append(self, other: Store) -> bool:
+        """Per-token rows of one format with residuals of one length (a residual is its rows' newest tokens: one
+        of another length would flush at another step than alone). Per-channel keys have no row join."""
+        return (isinstance(other, QuantStore) and self.key_axis == other.key_axis == "token"
+                and (self.bits, self.group, self.symmetric) == (other.bits, other.group, other.symmetric)
+                and self.residual_len == other.residual_len and self.dtype is not None and other.dtype is not None)
+
+    def append_rows(self, other: QuantStore) -> None:
+        """`other`'s rows after these: the quantized slots left-padded with zero codes and scales (they dequantize
+        to zeros) to the longer's, the residuals (of one length) side by side."""
+        width = max(self.n_quantized, other.n_quantized)
+        if width:
+            ref = self.rows if self.rows is not None else other.rows
+            assert ref is not None
+            a, b = (_padded_rows(q, ref, n, width) for q, n in ((self.rows, self._rows_batch), (other.rows,
+                                                                                          other._rows_batch)))
+            self.rows = QuantRows(torch.cat([a.data, b.data], dim=1), torch.cat([a.scale, b.scale], dim=1),
+                                  None if a.zero is None or b.zero is None else torch.cat([a.zero, b.zero], dim=1),
+                                  ref.bits, ref.group)
+        if self.res is not None and other.res is not None:
+            self.res = torch.cat([self.res, other.res], dim=1)
+
+    @property
+    def _rows_batch(self) -> int:
+        for t in (self.res, None if self.rows is None else self.rows.data):
+            if t is not None:
+                return t.shape[1]
+        raise ValueError("an empty store has no rows")
+
+    def keep_rows(self, rows: torch.Tensor, trim: int) -> None:
+        """Keep these rows (indices), without their first `trim` slots (quantized ones: the residual is real)."""
+        trim = min(trim, self.n_quantized)
+        if self.rows is not None:
+            self.rows = self.rows.map(lambda t: own(t[:, rows, :, trim:]))
+            if not self.rows.scale.shape[-2]:
+                self.rows = None
+        if self.res is not None:
+            self.res = own(self.res[:, rows])
+
+    def prepend(self, pieces: list[QuantRows]) -> None:
+        """Quantized per-token rows of this store's format (`QuantCodec.batch`) before the slots held, as they are."""
+        self.rows = cat_rows([*pieces, self.rows] if self.rows is not None else pieces, dim=-2)
+
     def _flush(self, keep: int | None = None) -> None:
         """Quantize the oldest residual rows beyond `keep` (default `residual`)."""
         n = self.overflow(keep)
@@ -324,88 +404,3 @@ class QuantStore:
 
     def nbytes(self) -> int:
         return storage_bytes(self.tensors())
-
-
-# ---- block codecs: one row's (kv_heads, tokens, head_dim) keys/values <-> immutable pool payload ----
-
-class BlockCodec(Protocol):
-    name: str
-    lossless: bool  # decode(encode(k, v)) == (k, v) exactly
-
-    def encode(self, k: torch.Tensor, v: torch.Tensor) -> tuple: ...
-    def decode(self, payloads: list[tuple], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]: ...
-    def tensors(self, payload: tuple) -> list[torch.Tensor]: ...
-    def batch(self, payloads: list[list[tuple]], width: int) -> Any: ...  # per row, payloads -> `Store.load` rows
-
-
-def _left_padded(parts: list[torch.Tensor | None], width: int) -> torch.Tensor:
-    """Per-row (*lead, heads, tokens, ·) tensors (None: no tokens) -> (*lead, batch, heads, width, ·), each row
-    right-aligned and zero-filled on the left (filler slots, masked by the session)."""
-    full = [p for p in parts if p is not None and p.shape[-2] == width]
-    if len(full) == len(parts):  # e.g. a prefix: every row complete, no filler
-        axis = full[0].dim() - 3
-        return full[0].unsqueeze(axis) if len(full) == 1 else torch.stack(full, dim=axis)
-    ref = next(p for p in parts if p is not None)
-    out = ref.new_zeros((*ref.shape[:-3], len(parts), ref.shape[-3], width, ref.shape[-1]))
-    for r, p in enumerate(parts):
-        if p is not None and p.shape[-2]:
-            out[..., r, :, width - p.shape[-2]:, :] = p
-    return out
-
-
-class PlainCodec:
-    name = "plain"
-    lossless = True
-
-    def encode(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return k.contiguous().clone(), v.contiguous().clone()
-
-    def decode(self, payloads: list[tuple], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.cat([p[0] for p in payloads], dim=-2), torch.cat([p[1] for p in payloads], dim=-2)
-
-    def tensors(self, payload: tuple) -> list[torch.Tensor]:
-        return list(payload)
-
-    def batch(self, payloads: list[list[tuple]], width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per row, blocks in order -> (batch, heads, width, head_dim) keys and values, left-padded with zeros."""
-        ks = [torch.cat([p[0] for p in row], dim=-2) if row else None for row in payloads]
-        vs = [torch.cat([p[1] for p in row], dim=-2) if row else None for row in payloads]
-        return _left_padded(ks, width), _left_padded(vs, width)
-
-
-class QuantCodec:
-    """Per-token quantized blocks: keys and values as one (2, 1, kv_heads, tokens, ·) `QuantRows`, the row format
-    of `QuantStore` with key_axis='token' for a batch of one: a row's blocks and its own rows concatenate as they
-    are, in one call per step."""
-
-    lossless = False
-
-    def __init__(self, bits: int, group: int | None, symmetric: bool = True) -> None:
-        self.bits, self.group, self.symmetric = bits, group, symmetric
-        self.name = f"int{bits}-g{group or 'head'}-{'sym' if symmetric else 'asym'}"
-
-    def encode(self, k: torch.Tensor, v: torch.Tensor) -> tuple[QuantRows]:
-        kv = torch.stack([k, v])[:, None]  # (2, 1, kv_heads, tokens, head_dim)
-        return (quantize(kv, self.bits, self.group or k.shape[-1], self.symmetric),)
-
-    def decode(self, payloads: list[tuple], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        kv = dequantize(cat_rows([p[0] for p in payloads], dim=-2), dtype)
-        return kv[0, 0], kv[1, 0]
-
-    def tensors(self, payload: tuple) -> list[torch.Tensor]:
-        return payload[0].tensors()
-
-    def batch(self, payloads: list[list[tuple]], width: int) -> list[QuantRows]:
-        """Per row, blocks in order -> pieces of (2, batch, heads, ·, ·) rows in `QuantStore`'s format, `width`
-        slots in all, codes and scales as stored (nothing re-quantized): a single row's blocks as they are (it
-        fills `width`); rows of a batch concatenated, right-aligned after zero rows (they dequantize to zeros)."""
-        if len(payloads) == 1:
-            return [p[0] for p in payloads[0]]
-        parts = [cat_rows([p[0] for p in row], dim=-2).map(lambda t: t[:, 0]) if row else None for row in payloads]
-        ref = next(p for p in parts if p is not None)
-        zero = None
-        if ref.zero is not None:
-            zero = _left_padded([None if p is None else p.zero for p in parts], width)
-        return [QuantRows(_left_padded([None if p is None else p.data for p in parts], width),
-                          _left_padded([None if p is None else p.scale for p in parts], width), zero,
-                          ref.bits, ref.group)]

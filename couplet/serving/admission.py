@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sequence
 from typing import TypeAlias
 
 from couplet.kvcache import KVGeometry, Lease, PrefixPool, chain_keys, make_mode, model_namespace
@@ -185,22 +184,12 @@ class Admission:
         character is never fed; a break of several tokens, as the chat families', counts whole)."""
         return len(prep.prompt) + 2 * prep.length + len(self.lm.family.line_break) - 1
 
-    def _join_reserve(self, width: int, length: int, rows: Sequence[tuple[int, int]]) -> list[int]:
-        """What each row of a joined batch reserves, given every row's next (line, position): it holds the
-        batch's width, which grows by a slot per step, and by the line break's tokens at each step where some
-        row ends its 上联 (the others are padded to it; rows at one position break together), until it leaves —
-        at most the width now, plus its own remaining steps, plus every line break still ahead, whoever leaves
-        meanwhile (a join recomputes it)."""
-        breaks = len(self.lm.family.line_break) * len({pos for line, pos in rows if line == 0})
-        return [(width + 2 * length - (line * length + pos) + breaks) * self.geometry.token_bytes
-                for line, pos in rows]
-
     def _set_reserved(self, wave: Wave, lower_only: bool = False) -> None:
-        """A joined batch's reservations, per row (`_join_reserve`); under the lock. `lower_only` (rows left):
+        """A joined batch's reservations, per row (`Decoding.reserve_rows`); under the lock. `lower_only` (rows left):
         a row keeps what it reserved if that is less — its batch only narrows when rows leave, and a wave that
         never joined keeps its own reservation."""
         d = wave.decoding
-        for t, need in zip(wave.tickets, self._join_reserve(d.width, d.length, d.next), strict=True):
+        for t, need in zip(wave.tickets, d.reserve_rows(), strict=True):
             need = min(need, t.reserved) if lower_only else need
             self._reserved += need - t.reserved
             t.reserved = need

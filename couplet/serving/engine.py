@@ -12,13 +12,15 @@ in lockstep — every couplet of a given length has the same number of steps, so
 together. The worker advances every live wave by one step per round, so waves of different modes and
 arrival times interleave. Each wave's rows stream their progress back to their own tickets.
 
-Continuous batching (`continuous`, on by default) for the modes whose cache is plain (`full`): once prefilled,
-a wave joins the running batch of its mode and line length (`Decoding.join`: the shorter cache left-padded
-to the other's width), each row decoding on at its own step, and a row leaves the batch as soon as its
-couplet is written or its visitor leaves — so waves that arrived at different times cost one forward per
-step, not one each. A compressed mode's store (quantized groups, retention scores, pool blocks) has no join:
-its waves run side by side. Measured against waves (docs/results/serving.md): the same or more throughput, lower TTFT
-and end-to-end latency; a joining wave's prefill stalls the batch's step, so TPOT rises at high concurrency.
+Continuous batching (`continuous`, on by default), in every mode: once prefilled, a wave joins the running batch
+of its mode and line length (`Decoding.join`: the narrower cache left-padded to the other's width; quantized
+groups, retention scores and merged slots carried per row; with a prefix pool, the batch keeps the shorter
+prefix and the longer's blocks beyond it become its rows' own slots), each row decoding on at its own step, and
+a row leaves the batch as soon as its couplet is written or its visitor leaves — so waves that arrived at
+different times cost one forward per step, not one each. Caches that cannot append (keys quantized per channel,
+a sliding-window model's layers, quantized residuals of different lengths) run side by side. Measured against
+waves (docs/results/serving.md): the same or more throughput, lower TTFT and end-to-end latency; a joining
+wave's prefill stalls the batch's step, so TPOT rises at high concurrency.
 `prefill_chunk` (off by default) feeds a plain-cache wave's prompts a chunk per round instead, between the
 batch's steps: TPOT back down, TTFT and end-to-end latency up (docs/results/serving.md).
 
@@ -270,11 +272,9 @@ class Engine(Admission):
         (the largest), or runs on as a batch of its own. Only the worker changes waves and reservations, so the
         tensors are joined outside the lock; the tickets and reservations move under it."""
         hosts = sorted((w for w in self._waves if w is not wave and w.started and w.decoding.preps
-                        and w.decoding.mode == wave.decoding.mode and w.decoding.length == wave.decoding.length
-                        and w.decoding.joinable), key=lambda w: -len(w.tickets))
+                        and w.decoding.can_join(wave.decoding)), key=lambda w: -len(w.tickets))
         for host in hosts:
-            width = max(host.decoding.width, wave.decoding.width)
-            need = self._join_reserve(width, wave.decoding.length, host.decoding.next + wave.decoding.next)
+            need = host.decoding.reserve_rows(wave.decoding)
             held = sum(t.reserved for t in host.tickets + wave.tickets)
             if self._reserved - held + sum(need) <= self.budget:
                 break

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from couplet.events import CoupletResult, StepRecord
-from couplet.kvcache import Block, PrefixPool, make_mode
+from couplet.kvcache import Block, KVGeometry, PrefixPool, make_mode
+from couplet.kvcache.layer import FullCache
 from couplet.models.loading import LoadedModel
 from couplet.serving.request import LENGTHS, TASKS, CoupletRequest, Prepared, prepare
 from couplet.serving.sampling import decision_scores, greedy_decision, sample, step_noise
@@ -71,9 +72,10 @@ class Decoding:
     and each Progress carries the model's log-probability of the followed character (for NLL deltas) and, at a
     free choice, the greedy pick this cache would have made there and its margin (`Progress.decision`). Runs
     under `torch.inference_mode()` per call, never across calls. A row's couplet does not depend on the others
-    in its batch (padding is masked; tested against running alone). A prefilled plain-cache decoding can take
-    in another's rows (`join`, the engine's continuous batching): they decode on at their own steps, and a
-    row whose couplet is written leaves with `drop` (its result made by `finisher(r)`, bound before).
+    in its batch (padding is masked; tested against running alone). A prefilled decoding can take in
+    another's rows of its mode (`join`, the engine's continuous batching; `can_join` says whether the caches
+    append): they decode on at their own steps, and a row whose couplet is written leaves with `drop` (its
+    result made by `finisher(r)`, bound before).
     """
 
     # what is kept per row, in row order (`join` appends, `drop` selects)
@@ -90,7 +92,9 @@ class Decoding:
         self.lm, self.preps, self.mode, self.follow = lm, list(preps), mode, follow
         self.finish_inline = finish_inline
         self.length = lengths.pop()
-        self.session = make_mode(mode, **mode_options).new_session(lm.model, pool=pool)
+        policy = make_mode(mode, **mode_options)
+        self.parts = policy.compose()  # what the mode is made of: its bytes per slot (`reserve_rows`)
+        self.session = policy.new_session(lm.model, pool=pool)
         self.constraints = [LineConstraints(lm.chars, p.placement, p.length, p.voice, p.context.borrowed,
                                            p.lower_end, [line for pair in p.context.exemplars for line in pair])
                             for p in preps]
@@ -126,22 +130,55 @@ class Decoding:
     def joinable(self) -> bool:
         return self.session.joinable and self.follow is None
 
+    def can_join(self, other: Decoding) -> bool:
+        """Whether `other`, prefilled, can join this running batch now (`join`)."""
+        return (other.mode == self.mode and other.length == self.length and self.joinable and other.joinable
+                and self.logits is not None and other.logits is not None and self.session.can_join(other.session))
+
     @property
     def next(self) -> list[tuple[int, int]]:
         """Each row's next (line, position)."""
         return list(self._next)
 
+    def reserve_rows(self, other: Decoding | None = None) -> list[int]:
+        """An upper bound of the KV bytes each row holds from now until it leaves, in this batch — joined with
+        `other`'s rows first, when given (theirs follow). A row holds the batch's owned width of slots (rows are
+        left-padded to the widest), which grows by a slot per step, and by the line break's tokens at each step
+        where some row ends its 上联 (the others are padded to it; rows at one position break together): at most
+        the width now, plus its own remaining steps, plus every line break still ahead, whoever leaves meanwhile
+        (a join or a leave recomputes it). The width after a join is the wider batch's, and with a prefix pool
+        the blocks beyond the shorter prefix become owned slots (`Sharing.join`). A retention mode evicts
+        meanwhile, so the bound holds for it too (its width stays near its cap; the couplet's growth is small).
+        Slots cost the store's bytes; a quantized residual and merged slots come on top, at full precision."""
+        parts, g = self.parts, KVGeometry.of(self.lm.model)
+        slot = int(2 * g.layers * g.kv_heads * parts.storage.row_bytes(g.head_dim, g.dtype_bytes) + 0.999)
+        fixed = parts.storage.residual * g.token_bytes
+        if parts.retention is not None and parts.retention.merge:  # one slot per query head, and its bias
+            heads = g.q_heads or g.kv_heads
+            fixed += g.token_bytes * (heads // g.kv_heads) + 4 * g.layers * heads
+        batches = [self] if other is None else [self, other]
+        prefix = min(d._prefix_len for d in batches)
+        width = max(d._owned_width + d._prefix_len - prefix for d in batches)
+        rows = [nxt for d in batches for nxt in d._next]
+        breaks = len(self.lm.family.line_break) * len({pos for line, pos in rows if line == 0})
+        return [(width + 2 * self.length - (line * self.length + pos) + breaks) * slot + fixed for line, pos in rows]
+
     @property
-    def width(self) -> int:
-        """Slots per row in the batch's cache (a joined batch's rows are left-padded to one width)."""
-        return self.session.cache.get_seq_length()
+    def _prefix_len(self) -> int:
+        return self.session.cache.prefix_len
+
+    @property
+    def _owned_width(self) -> int:
+        """Owned slots per row in the batch's cache (all of a plain cache's)."""
+        cache = self.session.cache
+        return cache.get_seq_length() if isinstance(cache, FullCache) else cache.compressed[0].store.length
 
     def join(self, other: Decoding) -> None:
         """Continuous batching: `other`'s rows, prefilled, join this running batch (same mode and line length)
         and decode on in its forwards, each at its own step. `other` is spent."""
-        if other.mode != self.mode or other.length != self.length or not (self.joinable and other.joinable) \
-                or self.logits is None or other.logits is None:
-            raise ValueError("only prefilled full-cache decodings of one mode and line length can join")
+        if not self.can_join(other):
+            raise ValueError("only prefilled decodings of one mode, line length and cache format can join")
+        assert self.logits is not None and other.logits is not None
         self.session.join(other.session)
         self.logits, other.logits = torch.cat([self.logits, other.logits]), None
         for name in self._PER_ROW:
@@ -182,7 +219,8 @@ class Decoding:
                     self._encode()
                 self._prompt = (*left_padded([p.prompt for p in self.preps], self.lm.family.pad, self.lm.device), 0)
             ids, mask, at = self._prompt
-            end = ids.shape[1] if chunk is None or not self.joinable else min(ids.shape[1], at + chunk)
+            plain = isinstance(self.session.cache, FullCache) and self.joinable
+            end = ids.shape[1] if chunk is None or not plain else min(ids.shape[1], at + chunk)
             out = self.session.forward(ids[:, at:end], attention_mask=None if mask is None else mask[:, at:end],
                                        logits_to_keep=1)
             self._prompt = (ids, mask, end)

@@ -205,6 +205,8 @@ def run_mode(lm: LoadedModel, mode: str, budget_mb: float, cfg: ServeConfig, typ
         "pool_refs_after": stats.pool_refs,
         # waves advanced per worker round: forwards per decode step (a GPU's cost at this size: docs/results/gpu.md)
         "forwards_per_step": stats.forwards / stats.rounds if stats.rounds else 0.0,
+        # decode steps alone: the forwards a step of the running batches costs (prefills aside)
+        "decode_forwards_per_step": stats.steps / stats.step_rounds if stats.step_rounds else 0.0,
         # real device memory above the weights (KV caches, activations, allocator slack); None on CPU
         "device_peak_bytes": torch.cuda.max_memory_allocated() - base if cuda else None,
     }

@@ -17,13 +17,13 @@ def markdown(out: dict) -> str:
                   "| mode | tok/s | vs full | couplets only: tok/s, vs full | concurrency mean / peak | KV / request |"
                   " prompt KV | in use vs unshared | resident peak | prefix hits |"
                   " prefill computed | TTFT p50 / p99 ms | TPOT p50 / p99 ms | E2E p99 ms | identical |"
-                  " forwards / step |",
+                  " forwards / step | decode forwards / step |",
                   "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-                  " ---: | ---: |"]
+                  " ---: | ---: | ---: |"]
         own = []
         for mode, r in run["modes"].items():
             if "unmeasured" in r:
-                lines.append(f"| `{mode}` | not measured: {r['unmeasured']} |" + " |" * 14)
+                lines.append(f"| `{mode}` | not measured: {r['unmeasured']} |" + " |" * 15)
                 continue
             if r.get("vllm_bench_serve"):
                 own.append((mode, r["vllm_bench_serve"]))
@@ -38,7 +38,8 @@ def markdown(out: dict) -> str:
                 f"{r['resident_kv_peak_bytes'] / MB:.1f} MB | "
                 f"{r['prefix_hit_rate']:.0%} | {r['prefill_tokens_ratio']:.0%} | "
                 f"{r['ttft_p50_ms']:.0f} / {r['ttft_p99_ms']:.0f} | {r['tpot_p50_ms']:.1f} / {r['tpot_p99_ms']:.1f} | "
-                f"{r['e2e_p99_ms']:.0f} | {r['identical_rate']:.0%} | {r.get('forwards_per_step', float('nan')):.2f} |")
+                f"{r['e2e_p99_ms']:.0f} | {r['identical_rate']:.0%} | {r.get('forwards_per_step', float('nan')):.2f} | "
+                f"{r.get('decode_forwards_per_step', float('nan')):.2f} |")
         popular = [(m, r["prompt_kv_by_popularity"]) for m, r in run["modes"].items()
                    if r.get("prompt_kv_by_popularity") and r.get("prefix_hit_rate")]  # the pool modes
         if popular:

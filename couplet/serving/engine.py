@@ -75,7 +75,7 @@ class Engine(Admission):
         self._reserved = 0
         self._peak_reserved = 0
         self._peak_in_flight = 0
-        self._forwards = self._rounds = 0
+        self._forwards = self._rounds = self._steps = self._step_rounds = 0
         self._finishing = 0
         self._lock = threading.Condition()
         self._closed = False
@@ -161,7 +161,7 @@ class Engine(Admission):
                                self.pool.total_refs(), self._peak_in_flight, self._peak_reserved,
                                self._forwards, self._rounds, self._finishing,
                                sum(b.nbytes for b in blocks.values()),
-                               sum(t.full_bytes for w in started for t in w.tickets))
+                               sum(t.full_bytes for w in started for t in w.tickets), self._steps, self._step_rounds)
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop: every request not yet written ends with an error; rows already written still get their 横批.
@@ -206,9 +206,11 @@ class Engine(Admission):
             if idle:  # nothing to prefill or decode: choose a 横批 beside the finisher (a burst's tail)
                 self._help_finish()
                 continue
+            steps = self._steps
             for wave in waves:
                 if wave in self._waves:  # not joined into another this round, nor ended
                     self._advance(wave)
+            self._step_rounds += self._steps > steps
 
     def _help_finish(self) -> None:
         """One row from the finisher's queue, on the worker (work stealing): only the worker puts rows there,
@@ -228,7 +230,8 @@ class Engine(Admission):
             self._finish(wave, None)
             return
         prefill = not wave.started
-        self._forwards += 1  # only the worker writes it; a wave whose rows all left (above) runs none
+        self._forwards += 1  # only the worker writes these; a wave whose rows all left (above) runs none
+        self._steps += not prefill
         try:
             out = wave.decoding.prefill(self.config.prefill_chunk or None) if prefill else wave.decoding.step()
         except Exception as e:  # a failure must reach this wave's visitors, not kill the worker

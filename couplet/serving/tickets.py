@@ -126,6 +126,8 @@ class EngineStats:
     finishing: int = 0  # couplets written (caches released) whose 横批 the finisher is still choosing
     pool_used_bytes: int = 0  # the pool blocks that requests past their prefill reference, each counted once
     full_bytes: int = 0  # those requests' tokens as unshared `full` caches would hold them
+    steps: int = 0  # forwards that were decode steps (the rest of `forwards` are prefills)
+    step_rounds: int = 0  # rounds with at least one decode step; steps / step_rounds = forwards per decode step
 
     @property
     def in_use_bytes(self) -> int:

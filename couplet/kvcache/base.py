@@ -77,14 +77,18 @@ class Composition:
         """Nothing compressed: transformers' DynamicCache itself (`build_session`)."""
         return isinstance(self.storage, PlainStorage) and self.retention is None and self.sharing is None
 
+    def stored_token_bytes(self, geometry: KVGeometry) -> float:
+        """What one token's keys and values take in this composition's storage format, all layers (a fraction of
+        a byte per element for int4: codes and scales)."""
+        return 2 * geometry.layers * geometry.kv_heads * self.storage.row_bytes(geometry.head_dim,
+                                                                               geometry.dtype_bytes)
+
     def block_bytes(self, geometry: KVGeometry) -> int:
         """Bytes of one pool block in this composition's codec (all layers, keys and values); 0 without a
         pool. What `PrefixPool.lease` sets aside for a block not yet computed."""
         if self.sharing is None:
             return 0
-        per_token = 2 * geometry.layers * geometry.kv_heads * self.storage.row_bytes(geometry.head_dim,
-                                                                                     geometry.dtype_bytes)
-        return math.ceil(self.sharing.block_size * per_token)
+        return math.ceil(self.sharing.block_size * self.stored_token_bytes(geometry))
 
     def attached_tokens(self, prompt: int) -> int:
         """The prompt's tokens in whole pool blocks (attached from the pool, or computed into it); 0 without a
@@ -126,8 +130,7 @@ class Composition:
         tokens fed before the next eviction, less the whole blocks of the shared prefix (a batch references
         only the blocks all its rows have), at its storage format's bytes (per-token layout), plus any
         full-precision residual."""
-        per_token = 2 * geometry.layers * geometry.kv_heads * self.storage.row_bytes(geometry.head_dim,
-                                                                                     geometry.dtype_bytes)
+        per_token = self.stored_token_bytes(geometry)
         residual = self.storage.residual * geometry.token_bytes
         # a retention's pseudo decode tokens join the whole prompt before its eviction (`ModeSession._look_ahead`)
         prefill = (prompt + lookahead_tokens(self.retention, self.sharing is not None)) * geometry.token_bytes

@@ -1,5 +1,5 @@
-"""transformers cache classes: `CompressedLayer` (one per model layer) inside a `CompressedCache`, and
-`FullCache`, the uncompressed baseline (transformers' own DynamicCache, plus byte accounting).
+"""transformers cache classes: `CompressedLayer` (one per model layer) inside a `CompressedCache`. The
+uncompressed baseline, `FullCache`, is in `dense.py`.
 
 A `CompressedLayer` stores, per layer, optionally a read-only prefix of pool blocks (never evicted) and
 its own slots in a `Store` (full precision or quantized). The cache's `SlotMeta` holds, once for all
@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+from transformers.cache_utils import Cache, DynamicLayer
 
 from couplet.kvcache.blocks import BlockCodec
-from couplet.kvcache.storage import QuantStore, Store, storage_bytes
+from couplet.kvcache.storage import QuantStore, Store, pad_slots, storage_bytes
 
 
 @dataclass(frozen=True)
@@ -87,14 +87,25 @@ class SlotMeta:
     def append(self, positions: torch.Tensor) -> None:
         """New owned slots at logical `positions` (batch, q) int32, in every layer and head."""
         self.device = positions.device
+        self._add(positions, front=False)
+
+    def prepend(self, positions: torch.Tensor) -> None:
+        """Owned slots at logical `positions` (batch, n) int32 before those held (scores 0)."""
+        self._add(positions, front=True)
+
+    def _add(self, positions: torch.Tensor, front: bool) -> None:
+        """Slots at `positions` after (or before) those held, in every layer and head; their scores 0."""
         if not self.enabled:
             return
         b, q = positions.shape
         new = positions[None, :, None, :].expand(self.num_layers, b, self.kv_heads, q)
-        self.pos = new.contiguous() if self.pos is None else torch.cat([self.pos, new], dim=-1)
+
+        def put(held: torch.Tensor | None, added: torch.Tensor) -> torch.Tensor:
+            return added.contiguous() if held is None else torch.cat([added, held] if front else [held, added], -1)
+
+        self.pos = put(self.pos, new)
         if self.wants_scores:
-            zeros = torch.zeros(new.shape, dtype=torch.float32, device=positions.device)
-            self.score = zeros if self.score is None else torch.cat([self.score, zeros], dim=-1)
+            self.score = put(self.score, torch.zeros(new.shape, dtype=torch.float32, device=positions.device))
 
     def add_received(self) -> None:
         """Add the attention the layers recorded during the forward: one add for all layers when all recorded."""
@@ -121,9 +132,9 @@ class SlotMeta:
         """`other`'s rows after these, both left-padded to `width` owned slots (positions and scores 0: filler)."""
         self.columns = max(self.columns, other.columns)
         if self.pos is not None and other.pos is not None:
-            self.pos = torch.cat([_pad_last(self.pos, width), _pad_last(other.pos, width)], dim=1)
+            self.pos = torch.cat([pad_slots(self.pos, width, -1), pad_slots(other.pos, width, -1)], dim=1)
         if self.score is not None and other.score is not None:
-            self.score = torch.cat([_pad_last(self.score, width), _pad_last(other.score, width)], dim=1)
+            self.score = torch.cat([pad_slots(self.score, width, -1), pad_slots(other.score, width, -1)], dim=1)
 
     def keep_rows(self, rows: torch.Tensor, trim: int) -> None:
         if self.pos is not None:
@@ -131,15 +142,6 @@ class SlotMeta:
         if self.score is not None:
             self.score = self.score[:, rows, :, trim:].contiguous()
 
-    def prepend(self, positions: torch.Tensor) -> None:
-        """Owned slots at logical `positions` (batch, n) int32 before those held (scores 0)."""
-        if self.pos is None:
-            return
-        b, n = positions.shape
-        new = positions[None, :, None, :].expand(self.num_layers, b, self.kv_heads, n).to(self.pos.device)
-        self.pos = torch.cat([new, self.pos], dim=-1)
-        if self.score is not None:
-            self.score = torch.cat([torch.zeros(new.shape, dtype=torch.float32, device=new.device), self.score], -1)
 
 
 
@@ -385,87 +387,9 @@ class CompressedCache(Cache):
         self.meta.prepend(positions)
 
 
-class FullCache(DynamicCache):
-    """The baseline: transformers' DynamicCache unchanged, plus the byte accounting sessions report."""
-
-    def begin(self, positions: torch.Tensor, valid: torch.Tensor | None) -> None:
-        pass  # DynamicCache counts its own columns; it never evicts, so needs no positions
-
-    def flush(self) -> None:
-        pass
-
-    @property
-    def stored_length(self) -> int:
-        return self.get_seq_length()
-
-    def append_rows(self, other: FullCache) -> int:
-        """Concatenate `other`'s rows after this cache's, the shorter left-padded with zeros to the longer's
-        width (the callers mask the padding); returns that width. By hand: transformers' cache layers select
-        and repeat rows (`batch_select_indices`) but have no concatenation of two caches."""
-        width = max(self.get_seq_length(), other.get_seq_length())
-        for mine, theirs in zip(self._dense(), other._dense(), strict=True):
-            (k, v), (ok, ov) = _tensors(mine), _tensors(theirs)
-            mine.keys, mine.values = (torch.cat([_pad_left(a, width), _pad_left(b, width)])
-                                      for a, b in ((k, ok), (v, ov)))
-        return width
-
-    @property
-    def sliding(self) -> bool:
-        """Whether any layer is a sliding window (its own width and counters: no join)."""
-        return any(getattr(layer, "is_sliding", False) for layer in self.layers)
-
-    def release(self) -> None:
-        """Drop every layer's tensors (a cache whose rows joined another)."""
-        for layer in self._dense():
-            layer.keys = layer.values = None
-            layer.is_initialized = False
-
-    def keep_rows(self, rows: torch.Tensor, trim: int) -> None:
-        """Keep these rows (indices), without their first `trim` slots."""
-        for layer in self._dense():
-            k, v = _tensors(layer)
-            layer.keys, layer.values = k[rows, :, trim:], v[rows, :, trim:]
-
-    def _dense(self) -> list[DynamicLayer]:
-        layers = [layer for layer in self.layers if isinstance(layer, DynamicLayer)]
-        assert len(layers) == len(self.layers), "a FullCache of transformers' dense layers only"
-        return layers
-
-    def _keys_values(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        out = []
-        for layer in self.layers:
-            k, v = getattr(layer, "keys", None), getattr(layer, "values", None)
-            if isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor) and k.dim() == 4:
-                out.append((k, v))
-        return out
-
-    def kv_nbytes(self) -> int:
-        return storage_bytes([t for kv in self._keys_values() for t in kv])
-
-    prefix_len = 0
-
-    def token_bytes(self) -> int:
-        return sum(2 * k.shape[1] * k.shape[-1] * k.element_size() for k, _ in self._keys_values())
-
-
-def _pad_last(t: torch.Tensor, width: int) -> torch.Tensor:
-    """(..., slots) left-padded with zeros to `width` slots."""
-    return torch.nn.functional.pad(t, (width - t.shape[-1], 0))
-
-
 def _no_merged(like: tuple[torch.Tensor, torch.Tensor, torch.Tensor], batch: int
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Merged slots for `batch` rows that have merged nothing: zero keys and values, bias -inf."""
     k, v, bias = like
     return (k.new_zeros((batch, *k.shape[1:])), v.new_zeros((batch, *v.shape[1:])),
             bias.new_full((batch, *bias.shape[1:]), float("-inf")))
-
-
-def _pad_left(t: torch.Tensor, width: int) -> torch.Tensor:
-    """(batch, heads, slots, dim) left-padded with zeros to `width` slots."""
-    return torch.nn.functional.pad(t, (0, 0, width - t.shape[2], 0))
-
-
-def _tensors(layer: DynamicLayer) -> tuple[torch.Tensor, torch.Tensor]:
-    assert layer.keys is not None and layer.values is not None, "a prefilled layer"
-    return layer.keys, layer.values

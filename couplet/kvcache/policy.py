@@ -9,7 +9,8 @@ from typing import Any, ClassVar
 
 from couplet.kvcache.attention import install_attention
 from couplet.kvcache.base import Composition
-from couplet.kvcache.layer import CompressedCache, FullCache, attention_layers
+from couplet.kvcache.dense import FullCache
+from couplet.kvcache.layer import CompressedCache, attention_layers
 from couplet.kvcache.pool import PrefixPool
 from couplet.kvcache.session import ModeSession
 

@@ -24,7 +24,8 @@ import torch
 from couplet.events import KVStats
 from couplet.kvcache.attention import Recording, recording
 from couplet.kvcache.base import lookahead_tokens, prefill_chunk
-from couplet.kvcache.layer import CompressedCache, FullCache
+from couplet.kvcache.dense import FullCache
+from couplet.kvcache.layer import CompressedCache
 from couplet.kvcache.pool_protocol import Flags, Sharing
 from couplet.kvcache.retention import Retention, RowState, evict
 

@@ -56,9 +56,11 @@ def _padded_rows(rows: QuantRows | None, like: QuantRows, batch: int, width: int
     return rows.map(lambda t: pad_slots(t, width))
 
 
-def pad_slots(t: torch.Tensor, width: int) -> torch.Tensor:
-    """(..., slots, ·) left-padded with zeros to `width` slots (filler: the session masks it)."""
-    return t if t.shape[-2] == width else torch.nn.functional.pad(t, (0, 0, width - t.shape[-2], 0))
+def pad_slots(t: torch.Tensor, width: int, dim: int = -2) -> torch.Tensor:
+    """`t` left-padded with zeros to `width` slots along `dim` (a negative axis: -2 for (..., slots, ·) keys and
+    values, -1 for (..., slots) positions and scores); filler, which the session masks."""
+    n = t.shape[dim]
+    return t if n == width else torch.nn.functional.pad(t, (0, 0) * (-1 - dim) + (width - n, 0))
 
 
 class Store(Protocol):

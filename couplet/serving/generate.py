@@ -24,7 +24,7 @@ import torch
 
 from couplet.events import CoupletResult, StepRecord
 from couplet.kvcache import Block, KVGeometry, PrefixPool, make_mode
-from couplet.kvcache.layer import FullCache
+from couplet.kvcache.dense import FullCache
 from couplet.models.loading import LoadedModel
 from couplet.serving.request import LENGTHS, TASKS, CoupletRequest, Prepared, prepare
 from couplet.serving.sampling import decision_scores, greedy_decision, sample, step_noise
@@ -94,6 +94,7 @@ class Decoding:
         self.length = lengths.pop()
         policy = make_mode(mode, **mode_options)
         self.parts = policy.compose()  # what the mode is made of: its bytes per slot (`reserve_rows`)
+        self.geometry = KVGeometry.of(lm.model)
         self.session = policy.new_session(lm.model, pool=pool)
         self.constraints = [LineConstraints(lm.chars, p.placement, p.length, p.voice, p.context.borrowed,
                                            p.lower_end, [line for pair in p.context.exemplars for line in pair])
@@ -150,8 +151,8 @@ class Decoding:
         the blocks beyond the shorter prefix become owned slots (`Sharing.join`). A retention mode evicts
         meanwhile, so the bound holds for it too (its width stays near its cap; the couplet's growth is small).
         Slots cost the store's bytes; a quantized residual and merged slots come on top, at full precision."""
-        parts, g = self.parts, KVGeometry.of(self.lm.model)
-        slot = int(2 * g.layers * g.kv_heads * parts.storage.row_bytes(g.head_dim, g.dtype_bytes) + 0.999)
+        parts, g = self.parts, self.geometry
+        slot = int(parts.stored_token_bytes(g) + 0.999)
         fixed = parts.storage.residual * g.token_bytes
         if parts.retention is not None and parts.retention.merge:  # one slot per query head, and its bias
             heads = g.q_heads or g.kv_heads

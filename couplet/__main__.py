@@ -2,6 +2,7 @@
 [--acrostic] [--mode NAME ...] [--set MODE.FIELD=VALUE ...] [--json]`, or 对下联:
 `python -m couplet --upper 春风送暖千家福` (a 5- or 7-character 上联; the 下联 and a 横批 are written).
 `--backend vllm [--vllm-url URL]` writes it on a vLLM server instead (mode `vllm`; `--mode` adds in-process ones).
+`--best-of N` writes N drafts in one batch per mode and shows the best by 对仗 and likelihood (`serving.best_of`).
 
 Bad input exits with status 2 and one line on stderr, never a traceback.
 """
@@ -40,6 +41,7 @@ class CliConfig:
     weights: str | None = None
     backend: str = "local"
     vllm_url: str = DEFAULT_VLLM_URL
+    best_of: int = 1
 
 
 def format_text(result: CoupletResult, show_mode: bool) -> str:
@@ -63,12 +65,16 @@ def format_text(result: CoupletResult, show_mode: bool) -> str:
 
 def main(cfg: CliConfig) -> int:
     from couplet.models.loading import load_model
+    from couplet.serving.best_of import BestOf, best_of
     from couplet.serving.generate import CoupletRequest, generate  # heavy imports after argument checks
 
     settings = parse_settings(cfg.settings)
     BackendConfig(cfg.backend, cfg.vllm_url)  # a bad URL: one line, before the model loads
     local = cfg.modes if cfg.modes is not None else ([] if cfg.backend == "vllm" else ["full"])
     parse_modes(local or ["full"], allow_all=False)
+    drafts = BestOf(n=cfg.best_of)
+    if cfg.best_of > 1 and cfg.backend == "vllm":
+        raise ValueError("--best-of runs in-process modes only, not on a vLLM server")
     request = CoupletRequest(cfg.keywords or "", cfg.length, cfg.acrostic, cfg.temperature, cfg.top_p, cfg.seed,
                              upper=cfg.upper or "", task="couplet" if cfg.upper is None else "duixia")
     lm = load_model(cfg.model, cfg.device, cfg.dtype, cfg.weights)
@@ -82,7 +88,8 @@ def main(cfg: CliConfig) -> int:
         client = VllmClient(cfg.vllm_url, KVGeometry.of(lm.model))
         results.append(remote_generate(client, lm, prepare(lm, request)))
     pool = PrefixPool()
-    results += [generate(lm, request, m, pool, **settings.get(m, {})) for m in local]
+    results += [generate(lm, request, m, pool, **settings.get(m, {})) if drafts.n == 1 else
+                best_of(lm, request, drafts, m, pool, **settings.get(m, {})) for m in local]
     if cfg.json:
         payload = [r.to_json() for r in results]
         print(json.dumps(payload[0] if len(payload) == 1 else payload, ensure_ascii=False))
@@ -105,6 +112,8 @@ def parse_args(argv: list[str] | None = None) -> CliConfig:
     p.add_argument("--set", dest="settings", action="append", default=[], metavar="MODE.FIELD=VALUE",
                    help="a mode's budget, e.g. selective.ratio=0.3 (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object (a list with several --mode)")
+    p.add_argument("--best-of", type=int, default=1, metavar="N",
+                   help="write N drafts in one batch and keep the best by 对仗 and likelihood (default 1)")
     add_model_args(p)
     add_backend_args(p)
     args = vars(p.parse_args(argv))

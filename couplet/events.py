@@ -66,6 +66,8 @@ class CoupletResult:
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     exemplars: list[list[str]] = field(default_factory=list)  # [上联, 下联] pairs the prompt showed (参考古联)
+    # best-of-N (`couplet.serving.best_of`): every draft with its scores, the chosen one first; empty otherwise
+    candidates: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def peak_bytes(self) -> int:
@@ -92,6 +94,8 @@ class CoupletResult:
             "kv": {"peak_bytes": self.peak_bytes, "full_equivalent_bytes": self.full_equivalent_bytes},
             "seconds": round(self.seconds, 4), "exemplars": self.exemplars,
         }
+        if self.candidates:
+            out["candidates"] = self.candidates
         if with_steps:
             out["steps"] = [s.to_json() for s in self.steps]
         return out

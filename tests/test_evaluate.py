@@ -122,3 +122,16 @@ def test_a_greedy_decision_breaks_exact_ties_as_sampling_does():
     assert margin == 0.0
     alone = torch.tensor([True, False, False, False, False])
     assert greedy_decision(torch.where(alone, logits, float("-inf"))) == (0, float("inf"))
+
+
+def test_best_of_reports_each_phrase_best_draft_and_is_full_only(tiny_checkpoint, keyword_file):
+    cfg = parse_args(["--keywords", str(keyword_file), "--model", str(tiny_checkpoint), "--seeds", "0",
+                      "--dtype", "float32", "--best-of", "3"])
+    report = main(cfg)
+    assert report["best_of"]["n"] == 3 and report["n"] == 3 and report["rule_pass_rate"] == 1.0
+    for sample in report["samples"]:
+        drafts = sample["candidates"]
+        assert len(drafts) == 3 and (sample["upper"], sample["lower"]) == (drafts[0]["upper"], drafts[0]["lower"])
+        assert drafts[0]["score"] == max(d["score"] for d in drafts if d["score"] is not None)
+    with pytest.raises(ValueError, match="full cache alone"):
+        main(EvalConfig(str(keyword_file), modes=["full", "int8"], model=str(tiny_checkpoint), best_of=2))

@@ -36,6 +36,7 @@ from couplet.events import CoupletResult
 from couplet.kvcache import MODE_INFO, MODES, PrefixPool, parse_modes, parse_settings
 from couplet.models.hub import ModelUnavailable, add_model_args
 from couplet.models.loading import LoadedModel, load_model
+from couplet.serving.best_of import BestOf, best_of
 from couplet.serving.generate import CoupletRequest, decode, generate, prepare
 from couplet.writing.lexicon import DEFAULT_VOICE, PLAIN_VOICE, VoiceConfig, lexicon_report
 from couplet.writing.prompt import DEFAULT_PROMPT, HOUSE_COUPLETS, HouseCouplet, PromptConfig
@@ -67,6 +68,7 @@ class EvalConfig:
     steer: bool = False
     duixia: int = 500  # held-out 上联 for the 对下联 figures (with --pairs)
     floor_dtype: str | None = None  # also `full` at this dtype against `full` at `dtype`: the rounding floor
+    best_of: int = 1  # the couplet of each phrase is the best of this many drafts (`couplet.serving.best_of`)
 
 
 def read_lines(path: str) -> list[str]:
@@ -186,7 +188,9 @@ def base_report(lm: LoadedModel, cfg: EvalConfig, phrases: list[str], pool: Pref
     for phrase in phrases:
         try:
             t0 = time.perf_counter()
-            greedy[phrase] = generate(lm, CoupletRequest(phrase, cfg.length), "full", pool, cfg.prompt, cfg.voice)
+            request = CoupletRequest(phrase, cfg.length)
+            greedy[phrase] = generate(lm, request, "full", pool, cfg.prompt, cfg.voice) if cfg.best_of == 1 else \
+                best_of(lm, request, BestOf(n=cfg.best_of), "full", pool, cfg.prompt, cfg.voice)
             seconds.append(time.perf_counter() - t0)
         except CoupletInputError as e:
             errors[phrase] = str(e)
@@ -206,7 +210,7 @@ def base_report(lm: LoadedModel, cfg: EvalConfig, phrases: list[str], pool: Pref
         **writing_report(results),
         "samples": [r.to_json(with_steps=False) for r in results],
     }
-    if sampled:  # the same figures on the sampled couplets (what a visitor who clicks again meets), per seed
+    if sampled and cfg.seeds:  # the same figures on the sampled couplets (what a visitor who clicks again meets), per seed
         report["sampled"] = {"temperature": cfg.temperature, "top_p": cfg.top_p, **sampled_report(sampled)}
     if errors:
         report["errors"] = errors
@@ -267,6 +271,9 @@ def sweep_plot(sweeps: dict[str, list[dict]], path: str) -> None:
 def main(cfg: EvalConfig) -> dict[str, Any]:
     modes = parse_modes(cfg.modes)
     settings = parse_settings(cfg.settings)
+    BestOf(n=cfg.best_of)  # a bad n: one line, before the model loads
+    if cfg.best_of > 1 and (modes != ["full"] or cfg.sweep or cfg.floor_dtype):
+        raise ValueError("--best-of is measured on the full cache alone (the modes compare one greedy couplet)")
     lm = load_model(cfg.model, cfg.device, cfg.dtype, cfg.weights)
     phrases = read_lines(cfg.keywords)[: cfg.limit]
     pool = PrefixPool()
@@ -275,6 +282,7 @@ def main(cfg: EvalConfig) -> dict[str, Any]:
     report["lexicon"] = lexicon_report()
     report["voice"] = cfg.voice.__dict__
     report["prompt"] = {"house": cfg.prompt.house, "k": cfg.prompt.k}
+    report["best_of"] = BestOf(n=cfg.best_of).__dict__
     if cfg.pairs:
         from couplet.training.corpus import read_pairs
 
@@ -357,6 +365,8 @@ def parse_args(argv: list[str] | None = None) -> EvalConfig:
     p.add_argument("-k", dest="k", type=int, default=DEFAULT_PROMPT.k, help="exemplars in the prompt (0: none)")
     p.add_argument("--steer", action="store_true", help="festive house prefix vs random corpus couplets (--pairs)")
     p.add_argument("--duixia", type=int, default=500, help="held-out 上联 for 对下联 (with --pairs; 0: skip)")
+    p.add_argument("--best-of", type=int, default=1, metavar="N",
+                   help="each phrase's couplet is the best of N drafts by 对仗 and likelihood (full cache only)")
     p.add_argument("--floor-dtype", choices=("float32", "bfloat16", "float16"), default=None,
                    help="also run full at this dtype against full at --dtype (the rounding floor)")
     args = vars(p.parse_args(argv))

@@ -80,7 +80,7 @@ class Decoding:
 
     # what is kept per row, in row order (`join` appends, `drop` selects)
     _PER_ROW = ("preps", "constraints", "keyword_positions", "lines", "records", "row_seconds", "_next",
-                "_chunks_fed")
+                "_chunks_fed", "chosen_logprobs")
 
     def __init__(self, lm: LoadedModel, preps: Sequence[Prepared], mode: str, pool: PrefixPool | None = None,
                  follow: tuple[str, str] | None = None, finish_inline: bool = True, **mode_options) -> None:
@@ -111,6 +111,9 @@ class Decoding:
         self.records: list[list[StepRecord]] = [[] for _ in preps]
         self.seconds = 0.0
         self.row_seconds = [0.0] * len(preps)  # per row, the whole time of every call it took part in
+        # per row, log p(character) under the model's own distribution (no bias, no mask) at each free choice it
+        # made: what a reranker reads (`couplet.serving.best_of`); teacher-forced runs report theirs per Progress
+        self.chosen_logprobs: list[list[float]] = [[] for _ in preps]
         self._prompt: tuple[torch.Tensor, torch.Tensor | None, int] | None = None  # (ids, mask, columns fed)
         self._chunks_fed = [0] * len(preps)  # prompt tokens fed by the prefill's earlier chunks
         self.logits: torch.Tensor | None = None  # (batch, vocab): each row's next-token distribution
@@ -255,6 +258,7 @@ class Decoding:
         with torch.inference_mode():
             assert self.logits is not None, "prefill() first"
             chars, steps, logprob, decision = [], [], None, None
+            norm = torch.logsumexp(self.logits.float(), dim=-1)  # (batch,): log of each row's partition
             for r, prep in enumerate(self.preps):
                 line, pos = self._next[r]
                 if line > 1:
@@ -272,8 +276,10 @@ class Decoding:
                     logprob = float(torch.log_softmax(self.logits[r].float(), dim=-1)[token])
                 elif char is None:
                     allowed = self.constraints[r].allowed(line, pos, self.lines[r])
-                    char = lm.id_to_char[sample(self.logits[r], allowed, prep.request, step,
-                                                self.constraints[r].bias_at(line, pos, self.lines[r]))]
+                    token = sample(self.logits[r], allowed, prep.request, step,
+                                   self.constraints[r].bias_at(line, pos, self.lines[r]))
+                    self.chosen_logprobs[r].append(float(self.logits[r, token].float() - norm[r]))
+                    char = lm.id_to_char[token]
                 self.lines[r][line] += char
                 chars.append(char)
                 steps.append(step)

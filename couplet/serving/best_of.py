@@ -1,0 +1,112 @@
+"""Best-of-N: several drafts of one request written in one batch, the best by the model's own scores shown.
+
+    result = best_of(lm, CoupletRequest("龙马精神"), BestOf(n=4))
+    result.upper, result.lower, result.hengpi      # the chosen draft, its 横批 chosen for it alone
+    result.candidates                              # every draft with its scores, the chosen one first
+
+Row 0 is the request itself (greedy unless it asks for sampling), rows 1..n-1 are sampled at `BestOf`'s
+temperature and top-p, each with its own seed, so the drafts differ and best-of-1 is exactly `generate`. The
+rows decode side by side in one `Decoding` (one forward per step for all of them; a row's couplet does not depend
+on the others, tested). Each draft is scored by
+
+    score = 对仗 (`couplet.writing.rules.parallelism`, in [0, 1]) + weight × mean log p(character)
+
+over the characters the model chose (keywords and a given 上联 aside), the log-probability under the model's own
+distribution, before the voice bias and the constraints: 对仗 rewards a draft whose lines answer each other, the
+likelihood keeps the reranker from buying 对仗 with odd words. A draft that breaks a hard rule ranks last. The
+weight (0.2) was chosen on the dev list and checked on the phrases outside it (`docs/results/quality.md`,
+"Best-of-N"). Only the chosen draft gets a 横批 (its scoring forward is per couplet).
+
+Why not the mutual information between the lines (log p(下联 | 上联) − log p(下联)): it needs a second forward of
+every 下联 without its 上联; the likelihood here comes free with the decode.
+
+Cost: the prompt is fed once per row (a `shared` or `combo` pool stores its blocks once), and every step is one
+forward for the n rows: on two CPU cores 4 drafts take ~1.7× one (measured in quality.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from couplet.events import CoupletResult
+from couplet.kvcache import PrefixPool
+from couplet.models.loading import LoadedModel
+from couplet.serving.generate import Decoding, Progress
+from couplet.serving.request import CoupletRequest, prepare
+from couplet.writing.lexicon import DEFAULT_VOICE, VoiceConfig
+from couplet.writing.prompt import DEFAULT_PROMPT, PromptConfig
+from couplet.writing.rules import check_couplet
+
+MAX_DRAFTS = 16  # also spaces the drafts' seeds: (seed, draft) → seed × MAX_DRAFTS + draft, all distinct
+
+
+@dataclass(frozen=True)
+class BestOf:
+    """How many drafts, how they are sampled, and how much the likelihood weighs against 对仗."""
+
+    n: int = 4
+    temperature: float = 0.8  # drafts 1..n-1 (draft 0 is the request as asked)
+    top_p: float = 0.9
+    weight: float = 0.2  # 对仗 points per nat of mean log-probability per character
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.n <= MAX_DRAFTS:
+            raise ValueError(f"best-of n must be in [1, {MAX_DRAFTS}], got {self.n}")
+        if not 0.0 < self.temperature <= 2.0 or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"drafts need a temperature in (0, 2] and top_p in (0, 1], got {self.temperature}, "
+                             f"{self.top_p}")
+        if self.weight < 0:
+            raise ValueError(f"the likelihood weight is >= 0, got {self.weight}")
+
+
+def draft_requests(request: CoupletRequest, best: BestOf) -> list[CoupletRequest]:
+    """Draft 0 is the request itself; the others sample (at the request's own temperature if it samples)."""
+    temperature = request.temperature or best.temperature
+    top_p = request.top_p if request.temperature else best.top_p
+    return [request] + [replace(request, temperature=temperature, top_p=top_p, seed=request.seed * MAX_DRAFTS + i)
+                        for i in range(1, best.n)]
+
+
+def draft_score(checks: dict[str, Any], logprobs: list[float], weight: float) -> float:
+    """对仗 + weight × mean log p per chosen character; -inf for a draft that breaks a hard rule."""
+    if not checks["passed"]:
+        return float("-inf")
+    mean_logprob = sum(logprobs) / len(logprobs) if logprobs else 0.0
+    return checks["parallelism"]["score"] + weight * mean_logprob
+
+
+def best_of(lm: LoadedModel, request: CoupletRequest, best: BestOf = BestOf(), mode: str = "full",
+            pool: PrefixPool | None = None, prompt: PromptConfig = DEFAULT_PROMPT, voice: VoiceConfig = DEFAULT_VOICE,
+            **mode_options) -> CoupletResult:
+    """n drafts in one batch under one KV-cache mode; the best-scoring one's result, with every draft in
+    `candidates` (the chosen first) and a note saying how it was chosen."""
+    preps = [prepare(lm, r, prompt, voice) for r in draft_requests(request, best)]
+    run = Decoding(lm, preps, mode, pool, finish_inline=False, **mode_options)
+    try:
+        last: list[Progress] | None = run.prefill()
+        while not run.done:
+            last = run.step()
+    finally:
+        run.close()
+    assert last is not None
+    drafts, scores = [], []
+    for r, prep in enumerate(preps):
+        upper, lower = run.lines[r]
+        checks = check_couplet(upper, lower, "", prep.keyword_text, given_upper=prep.duixia)
+        logprobs = run.chosen_logprobs[r]
+        scores.append(draft_score(checks, logprobs, best.weight))
+        drafts.append({"draft": r, "upper": upper, "lower": lower, "passed": checks["passed"],
+                       "parallelism": checks["parallelism"]["score"],
+                       "mean_logprob": round(sum(logprobs) / len(logprobs), 4) if logprobs else 0.0,
+                       "score": round(scores[-1], 4) if checks["passed"] else None})  # None: breaks a rule
+    chosen = max(range(len(drafts)), key=scores.__getitem__)  # ties: the earlier draft (greedy first)
+    run.attach_result(chosen, last[chosen])
+    result = last[chosen].result
+    assert result is not None
+    result.candidates = sorted(drafts, key=lambda d: d["draft"] != chosen)
+    if best.n > 1:
+        pick = drafts[chosen]
+        result.notes.append(f"从 {best.n} 副草稿中择优（第 {chosen + 1} 副）：对仗 {pick['parallelism']:.2f}，"
+                            f"每字平均对数似然 {pick['mean_logprob']:.2f}")
+    return result

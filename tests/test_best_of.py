@@ -1,0 +1,90 @@
+"""Best-of-N on the real embedded model: the drafts are what each would be alone, the likelihood is the model's
+own, the best by the documented score is the one shown, and bad input is refused in one line."""
+
+import json
+
+import pytest
+
+from couplet.__main__ import run
+from couplet.kvcache import PrefixPool
+from couplet.serving.best_of import BestOf, best_of, draft_requests, draft_score
+from couplet.serving.generate import CoupletRequest, decode, generate, prepare
+from couplet.writing.rules import check_couplet
+
+
+def test_best_of_one_is_the_couplet_generate_writes(embedded_lm):
+    request = CoupletRequest("龙马精神")
+    alone, drafted = generate(embedded_lm, request), best_of(embedded_lm, request, BestOf(n=1))
+    assert (drafted.upper, drafted.lower, drafted.hengpi) == (alone.upper, alone.lower, alone.hengpi)
+    assert len(drafted.candidates) == 1 and drafted.notes == alone.notes  # no 择优 note for one draft
+
+
+@pytest.mark.parametrize("keywords", ["人工智能"])
+def test_the_best_draft_by_its_score_is_shown_and_each_draft_is_what_it_writes_alone(embedded_lm, keywords):
+    request, best = CoupletRequest(keywords), BestOf(n=4)
+    result = best_of(embedded_lm, request, best)
+    drafts = sorted(result.candidates, key=lambda d: d["draft"])
+    assert [d["draft"] for d in drafts] == [0, 1, 2, 3]
+    for d, draft_request in zip(drafts, draft_requests(request, best), strict=True):
+        alone = generate(embedded_lm, draft_request)  # a row's couplet does not depend on its batch
+        assert (d["upper"], d["lower"]) == (alone.upper, alone.lower)
+    assert len({(d["upper"], d["lower"]) for d in drafts}) >= 2  # sampled drafts differ
+    chosen = result.candidates[0]
+    assert chosen["score"] == max(d["score"] for d in drafts if d["score"] is not None)
+    assert (result.upper, result.lower) == (chosen["upper"], chosen["lower"]) and result.checks["passed"]
+    assert result.checks["parallelism"]["score"] == chosen["parallelism"]
+    assert chosen["score"] == pytest.approx(chosen["parallelism"] + best.weight * chosen["mean_logprob"], abs=1e-3)
+    assert f"从 4 副草稿中择优（第 {chosen['draft'] + 1} 副）" in result.notes[-1]
+    assert json.loads(json.dumps(result.to_json(with_steps=False)))["candidates"] == result.candidates
+
+
+def test_the_likelihood_is_the_model_own_at_each_free_choice(embedded_lm):
+    """The reranker's log-probabilities, taken while decoding, are the teacher-forced ones of the same couplet
+    (no voice bias, no constraint mask) at the characters the model chose (keywords aside)."""
+    from couplet.serving.generate import Decoding
+
+    prep = prepare(embedded_lm, CoupletRequest("五福临门"))
+    run_ = Decoding(embedded_lm, [prep], "full")
+    run_.prefill()
+    while not run_.done:
+        run_.step()
+    run_.close()
+    upper, lower = run_.lines[0]
+    followed = list(decode(embedded_lm, prep, "full", follow=(upper, lower)))[1:]
+    free = [p.logprob for p in followed if p.decision is not None]
+    assert len(free) == len(run_.chosen_logprobs[0]) == 14 - len("五福临门")
+    assert run_.chosen_logprobs[0] == pytest.approx(free, abs=1e-4)
+    assert all(lp < 0 for lp in free)
+
+
+def test_a_draft_that_breaks_a_rule_ranks_last():
+    good = check_couplet("天增岁月人增寿", "春满乾坤福满门")
+    bad = check_couplet("天增岁月人增寿", "春满乾坤福满")
+    assert good["passed"] and not bad["passed"]
+    assert draft_score(bad, [-0.1], 0.2) == float("-inf") < draft_score(good, [-9.0], 0.2)
+    assert draft_score(good, [-2.0, -4.0], 0.5) == pytest.approx(good["parallelism"]["score"] - 1.5)
+
+
+def test_drafts_share_the_prompt_in_the_prefix_pool_and_write_what_full_writes(embedded_lm):
+    pool = PrefixPool()
+    request, best = CoupletRequest("吉祥如意", length=5), BestOf(n=3)
+    shared, full = best_of(embedded_lm, request, best, "shared", pool), best_of(embedded_lm, request, best)
+    assert [(d["upper"], d["lower"]) for d in shared.candidates] == [(d["upper"], d["lower"]) for d in full.candidates]
+    assert shared.peak_shared_bytes > 0 and shared.peak_owned_bytes < full.peak_bytes
+    assert pool.total_refs() == 0
+
+
+@pytest.mark.parametrize("n", [0, 17])
+def test_best_of_refuses_a_bad_n(n):
+    with pytest.raises(ValueError, match="best-of n"):
+        BestOf(n=n)
+
+
+def test_cli_best_of(capsys):
+    assert run(["春风", "--best-of", "3", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["candidates"]) == 3 and data["checks"]["passed"]
+    assert (data["upper"], data["lower"]) == (data["candidates"][0]["upper"], data["candidates"][0]["lower"])
+    assert run(["春风", "--best-of", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("错误") and "best-of n" in err and len(err.strip().splitlines()) == 1

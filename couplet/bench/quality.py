@@ -210,7 +210,7 @@ def base_report(lm: LoadedModel, cfg: EvalConfig, phrases: list[str], pool: Pref
         **writing_report(results),
         "samples": [r.to_json(with_steps=False) for r in results],
     }
-    if sampled and cfg.seeds:  # the same figures on the sampled couplets (what a visitor who clicks again meets), per seed
+    if sampled and cfg.seeds:  # the same figures on the sampled couplets (a visitor who clicks again), per seed
         report["sampled"] = {"temperature": cfg.temperature, "top_p": cfg.top_p, **sampled_report(sampled)}
     if errors:
         report["errors"] = errors

@@ -68,6 +68,8 @@ class CoupletResult:
     exemplars: list[list[str]] = field(default_factory=list)  # [上联, 下联] pairs the prompt showed (参考古联)
     # best-of-N (`couplet.serving.best_of`): every draft with its scores, the chosen one first; empty otherwise
     candidates: list[dict[str, Any]] = field(default_factory=list)
+    # log p of each character the model chose, under its own distribution (what best-of-N ranks by; not in JSON)
+    logprobs: list[float] = field(default_factory=list)
 
     @property
     def peak_bytes(self) -> int:

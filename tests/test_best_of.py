@@ -2,6 +2,7 @@
 own, the best by the documented score is the one shown, and bad input is refused in one line."""
 
 import json
+import time
 
 import pytest
 
@@ -88,3 +89,29 @@ def test_cli_best_of(capsys):
     assert run(["春风", "--best-of", "0"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("错误") and "best-of n" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("mode", ["full", "shared"])
+def test_the_engine_streams_draft_zero_then_settles_on_the_best_draft(embedded_lm, mode):
+    """Through the engine (the page's path): the mode's stream is draft 0's as it is written, its last Progress
+    the best draft — the same drafts and choice as `best_of` in-process — and everything is released after."""
+    from couplet.serving.engine import Engine, EngineConfig
+
+    request, best = CoupletRequest("人工智能", temperature=0.6, top_p=0.9, seed=5), BestOf(n=4)
+    alone = best_of(embedded_lm, request, best, mode, PrefixPool())
+    first = generate(embedded_lm, request, mode, PrefixPool())  # draft 0: the request itself
+    with Engine(embedded_lm, EngineConfig(kv_budget_mb=64, pool_mb=8)) as engine:
+        rounds = list(engine.stream(request, [mode], best=best))
+        deadline = time.time() + 30
+        while engine.stats().in_flight and time.time() < deadline:
+            time.sleep(0.01)
+        st = engine.stats()
+        assert st.in_flight == 0 and st.pool_refs == 0 and st.reserved_bytes == 0
+    streamed = [r.latest[mode] for r in rounds[:-1]]
+    assert streamed[-1].upper == first.upper and first.lower.startswith(streamed[-1].lower)
+    result = rounds[-1].results[mode]
+    assert [(d["upper"], d["lower"], d["score"]) for d in result.candidates] == \
+        [(d["upper"], d["lower"], d["score"]) for d in alone.candidates]
+    assert (rounds[-1].latest[mode].upper, rounds[-1].latest[mode].lower) == (result.upper, result.lower)
+    assert (result.upper, result.lower) == (alone.upper, alone.lower) and result.checks["passed"]
+    assert result.notes[-1] == alone.notes[-1]

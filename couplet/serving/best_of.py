@@ -26,6 +26,7 @@ forward for the n rows: on two CPU cores 4 drafts take ~1.7× one (measured in q
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -76,11 +77,36 @@ def draft_score(checks: dict[str, Any], logprobs: list[float], weight: float) ->
     return checks["parallelism"]["score"] + weight * mean_logprob
 
 
+def rank(drafts: Sequence[tuple[str, str, dict[str, Any], Sequence[float]]], weight: float
+         ) -> tuple[int, list[dict[str, Any]]]:
+    """Drafts as (上联, 下联, their checks, log p of each chosen character) → the chosen draft's index (ties: the
+    earlier, greedy first) and every draft's entry for `CoupletResult.candidates`, in draft order."""
+    entries, scores = [], []
+    for r, (upper, lower, checks, logprobs) in enumerate(drafts):
+        scores.append(draft_score(checks, list(logprobs), weight))
+        entries.append({"draft": r, "upper": upper, "lower": lower, "passed": checks["passed"],
+                        "parallelism": checks["parallelism"]["score"],
+                        "mean_logprob": round(sum(logprobs) / len(logprobs), 4) if logprobs else 0.0,
+                        "score": round(scores[-1], 4) if checks["passed"] else None})  # None: breaks a rule
+    return max(range(len(entries)), key=scores.__getitem__), entries
+
+
+def present(result: CoupletResult, chosen: int, entries: list[dict[str, Any]]) -> CoupletResult:
+    """The chosen draft's result with every draft (the chosen first) and, for several, a note saying which."""
+    result.candidates = sorted(entries, key=lambda d: d["draft"] != chosen)
+    if len(entries) > 1:
+        pick = entries[chosen]
+        result.notes.append(f"从 {len(entries)} 副草稿中择优（第 {chosen + 1} 副）：对仗 {pick['parallelism']:.2f}，"
+                            f"每字平均对数似然 {pick['mean_logprob']:.2f}")
+    return result
+
+
 def best_of(lm: LoadedModel, request: CoupletRequest, best: BestOf = BestOf(), mode: str = "full",
             pool: PrefixPool | None = None, prompt: PromptConfig = DEFAULT_PROMPT, voice: VoiceConfig = DEFAULT_VOICE,
             **mode_options) -> CoupletResult:
     """n drafts in one batch under one KV-cache mode; the best-scoring one's result, with every draft in
-    `candidates` (the chosen first) and a note saying how it was chosen."""
+    `candidates` (the chosen first) and a note saying how it was chosen. Only the chosen draft's 横批 is scored
+    (the engine's `stream(..., best=)` finishes every draft: its rows are finished as they leave)."""
     preps = [prepare(lm, r, prompt, voice) for r in draft_requests(request, best)]
     run = Decoding(lm, preps, mode, pool, finish_inline=False, **mode_options)
     try:
@@ -90,23 +116,36 @@ def best_of(lm: LoadedModel, request: CoupletRequest, best: BestOf = BestOf(), m
     finally:
         run.close()
     assert last is not None
-    drafts, scores = [], []
+    drafts = []
     for r, prep in enumerate(preps):
         upper, lower = run.lines[r]
         checks = check_couplet(upper, lower, "", prep.keyword_text, given_upper=prep.duixia)
-        logprobs = run.chosen_logprobs[r]
-        scores.append(draft_score(checks, logprobs, best.weight))
-        drafts.append({"draft": r, "upper": upper, "lower": lower, "passed": checks["passed"],
-                       "parallelism": checks["parallelism"]["score"],
-                       "mean_logprob": round(sum(logprobs) / len(logprobs), 4) if logprobs else 0.0,
-                       "score": round(scores[-1], 4) if checks["passed"] else None})  # None: breaks a rule
-    chosen = max(range(len(drafts)), key=scores.__getitem__)  # ties: the earlier draft (greedy first)
+        drafts.append((upper, lower, checks, run.chosen_logprobs[r]))
+    chosen, entries = rank(drafts, best.weight)
     run.attach_result(chosen, last[chosen])
     result = last[chosen].result
     assert result is not None
-    result.candidates = sorted(drafts, key=lambda d: d["draft"] != chosen)
-    if best.n > 1:
-        pick = drafts[chosen]
-        result.notes.append(f"从 {best.n} 副草稿中择优（第 {chosen + 1} 副）：对仗 {pick['parallelism']:.2f}，"
-                            f"每字平均对数似然 {pick['mean_logprob']:.2f}")
-    return result
+    return present(result, chosen, entries)
+
+
+def drafted(streams: Sequence[Iterator[Progress]], weight: float) -> Iterator[Progress]:
+    """One stream per draft (the engine's tickets, draft 0 first) → one stream: draft 0's progress as it is written,
+    then, once every draft is written, a last Progress with the chosen draft's lines and result (`present`). The
+    page streams the first draft and settles on the best when all are in (they decode in the same batch)."""
+    first, *others = streams
+    finals: list[Progress] = []
+    for progress in first:
+        if progress.result is not None:
+            finals.append(progress)
+            break
+        yield progress
+    for stream in others:
+        *_, last = stream
+        finals.append(last)
+    results = [p.result for p in finals]
+    assert len(finals) == len(streams) and all(r is not None for r in results), "every draft ends with its result"
+    chosen, entries = rank([(r.upper, r.lower, r.checks, r.logprobs) for r in results if r is not None], weight)
+    result = results[chosen]
+    assert result is not None
+    present(result, chosen, entries)
+    yield Progress(finals[0].mode, result.upper, result.lower, finals[0].record, result=result)

@@ -54,6 +54,7 @@ from couplet.events import CoupletResult
 from couplet.kvcache import KVGeometry, PrefixPool, make_mode, parse_modes
 from couplet.models.loading import LoadedModel
 from couplet.serving.admission import Admission
+from couplet.serving.best_of import BestOf, draft_requests, drafted
 from couplet.serving.generate import CoupletRequest, Prepared, Progress, Round, lockstep, prepare
 from couplet.serving.tickets import BUSY_MESSAGE, MB, EngineBusy, EngineConfig, EngineStats, Ticket, Wave
 from couplet.writing.lexicon import DEFAULT_VOICE, VoiceConfig
@@ -117,26 +118,32 @@ class Engine(Admission):
 
     def stream(self, request: CoupletRequest, modes: Sequence[str], prompt: PromptConfig = DEFAULT_PROMPT,
                voice: VoiceConfig = DEFAULT_VOICE,
-               remote: Mapping[str, Callable[[Prepared], Iterator[Progress]]] | None = None) -> Iterator[Round]:
+               remote: Mapping[str, Callable[[Prepared], Iterator[Progress]]] | None = None,
+               best: BestOf | None = None) -> Iterator[Round]:
         """One request under several modes, as `generate.stream_modes` yields it (a Round per step of the
         slowest mode), served by the engine; closing the iterator cancels what has not finished. `remote`:
         more streams of the same prepared request from other backends ({mode: decode(prep)},
-        `couplet.serving.backends`),
-        advanced in the same lockstep."""
-        prep = prepare(self.lm, request, prompt, voice)
-        tickets: dict[str, Ticket] = {}
+        `couplet.serving.backends`), advanced in the same lockstep. `best` (n > 1): each in-process mode writes
+        n drafts, submitted together (they share a wave and, with a pool, the prompt's blocks, as vLLM's
+        parallel sampling `n` does); its stream is draft 0's, and its last Progress the best draft's
+        (`best_of.drafted`)."""
+        requests = draft_requests(request, best) if best is not None else [request]
+        preps = [prepare(self.lm, r, prompt, voice) for r in requests]
+        tickets: list[Ticket] = []
         streams: dict[str, Iterator[Progress]] = {}
         try:
             # submitted one by one inside the try: a mode refused (busy, over budget, unknown) or a remote stream
             # that fails to start cancels the modes already queued, which no one would read
             for m in modes:
-                tickets[m] = self.submit(request, m, prep=prep)
-                streams[m] = iter(tickets[m])
+                drafts = [self.submit(r, m, prep=p) for r, p in zip(requests, preps, strict=True)]
+                tickets += drafts
+                streams[m] = iter(drafts[0]) if len(drafts) == 1 else \
+                    drafted([iter(t) for t in drafts], best.weight if best is not None else 0.0)
             for m, make in (remote or {}).items():
-                streams[m] = make(prep)
+                streams[m] = make(preps[0])
             yield from lockstep(streams)
         finally:
-            for t in tickets.values():
+            for t in tickets:
                 t.cancel()
             for m in remote or {}:  # a remote stream closed here stops its reader and its HTTP request
                 close = getattr(streams.get(m), "close", None)

@@ -312,11 +312,13 @@ class Decoding:
     def finisher(self, r: int) -> Callable[[Progress], None]:
         """`attach_result` for row r, bound now: callable after the row has left the batch (`drop`)."""
         prep, (upper, lower), records, seconds = self.preps[r], self.lines[r], self.records[r], self.row_seconds[r]
+        logprobs = list(self.chosen_logprobs[r])
 
         def attach(progress: Progress) -> None:
             t0 = time.perf_counter()
             with torch.inference_mode():
                 progress.result = finish(self.lm, prep, self.mode, upper, lower, records)
+            progress.result.logprobs = logprobs
             progress.result.seconds = seconds + time.perf_counter() - t0
 
         return attach

@@ -59,6 +59,7 @@ from couplet.page.view import (
     peak_panel_html,
 )
 from couplet.serving.backends import VLLM_MODE, BackendConfig, BackendError, free_port
+from couplet.serving.best_of import BestOf
 from couplet.serving.engine import Engine, EngineBusy, EngineConfig
 from couplet.serving.generate import CoupletRequest
 from couplet.vllm_backend.client import EngineGauges, VllmClient
@@ -77,6 +78,7 @@ QUEUE_SIZE = 64  # visitors waiting before the page says "busy"
 # Visitors whose handlers run at once. They do not compute: each hands its request (one per selected mode) to
 # the engine, whose one worker batches them (`couplet.serving.engine`) and admits them by KV budget.
 CONCURRENCY = 16
+PAGE_BEST_OF = BestOf(n=4)  # 择优: the drafts per mode when the visitor ticks it (docs/results/quality.md#best-of-n)
 KV_BUDGET_MB = float(os.environ.get("COUPLET_KV_BUDGET_MB", "64"))
 # Intra-op threads per torch call. Decoding one character of a 6M-parameter model is far too small to split
 # across cores; with several threads per call, CONCURRENCY requests (or any other busy process) oversubscribe
@@ -177,20 +179,24 @@ def _outputs(gate: str, checks: str, records: dict[str, list[StepRecord]], table
 
 
 def write_couplet(keywords: str, length: int, acrostic: bool, temperature: float, seed: float, year: float,
-                  modes: list[str]) -> Iterator[tuple]:
-    """Stream one couplet per selected mode, all on the same keywords and seed, step by step."""
+                  modes: list[str], best: bool = False) -> Iterator[tuple]:
+    """Stream one couplet per selected mode, all on the same keywords and seed, step by step (`best`: each mode
+    writes PAGE_BEST_OF.n drafts, the first streamed, the best shown at the end)."""
     yield from _stream(lambda t, s: CoupletRequest(keywords or "", int(length), bool(acrostic), t,
-                                                   1.0 if not t else 0.9, s), temperature, seed, year, modes)
+                                                   1.0 if not t else 0.9, s), temperature, seed, year, modes,
+                       best=bool(best))
 
 
-def write_duixia(upper: str, temperature: float, seed: float, year: float, modes: list[str]) -> Iterator[tuple]:
+def write_duixia(upper: str, temperature: float, seed: float, year: float, modes: list[str],
+                 best: bool = False) -> Iterator[tuple]:
     """对下联: the visitor's 上联, the model's 下联 and 横批; the same stream as `write_couplet`."""
     yield from _stream(lambda t, s: CoupletRequest("", temperature=t, top_p=1.0 if not t else 0.9, seed=s,
-                                                   upper=upper or "", task="duixia"), temperature, seed, year, modes)
+                                                   upper=upper or "", task="duixia"), temperature, seed, year, modes,
+                       best=bool(best))
 
 
 def _stream(make_request, temperature: float, seed: float, year: float, modes: list[str],
-            notice: str = "") -> Iterator[tuple]:
+            notice: str = "", best: bool = False) -> Iterator[tuple]:
     # `notice` is shown in the checks too: gr.Warning toasts do not reach API clients
     try:
         label = year_label(int(year if year is not None else DEFAULT_YEAR))
@@ -229,7 +235,7 @@ def _stream(make_request, temperature: float, seed: float, year: float, modes: l
     gauges: dict[int, EngineGauges] = {}  # the server's gauges as the vLLM request's steps arrived
     try:
         request = make_request(temperature, seed)
-        for state in engine().stream(request, local, remote=others):
+        for state in engine().stream(request, local, remote=others, best=PAGE_BEST_OF if best else None):
             live = [m for m in modes if m in local or (m in others and not failed)]
             shown = "full" if "full" in live else live[0]
             results = state.results
@@ -243,7 +249,8 @@ def _stream(make_request, temperature: float, seed: float, year: float, modes: l
             length = len(p.upper) if request.task == "duixia" else request.length
             gate = render_gate(p.upper, p.lower, results[shown].hengpi if done else "", year_label=label,
                                opened=done, pending=not done, length=length)
-            checks = checks_html(results[shown], said) if done else checks_html(None, said or "正在落笔……")
+            writing = f"正在落笔……（{PAGE_BEST_OF.n} 稿同写，先示第一稿，写完择优）" if best else "正在落笔……"
+            checks = checks_html(results[shown], said) if done else checks_html(None, said or writing)
             last = gauges[max(gauges)] if gauges else None
             shown_results = {m: r for m, r in results.items() if m in live}
             table = (modes_table_html(shown_results) if done else modes_table_html({})) + live_line(last)
@@ -313,7 +320,7 @@ def open_link(request: gr.Request) -> tuple:
     link = parse_query(dict(request.query_params) if request is not None else {})
     keep = gr.skip()
     return (link.keywords if link.task == "keywords" else keep, link.length, link.acrostic, link.temperature,
-            link.seed, link.year, link.modes, link.upper if link.task == "duixia" else keep,
+            link.seed, link.year, link.modes, link.best, link.upper if link.task == "duixia" else keep,
             gr.Tabs(selected="duixia" if link.task == "duixia" else "keywords"), link.__dict__)
 
 
@@ -324,11 +331,11 @@ def write_from_link(state: dict | None) -> Iterator[tuple]:
     if link.task == "keywords":
         yield from _stream(lambda t, s: CoupletRequest(link.keywords, link.length, link.acrostic, t,
                                                        1.0 if not t else 0.9, s),
-                           link.temperature, link.seed, link.year, link.modes, notice)
+                           link.temperature, link.seed, link.year, link.modes, notice, link.best)
     elif link.task == "duixia":
         yield from _stream(lambda t, s: CoupletRequest("", temperature=t, top_p=1.0 if not t else 0.9, seed=s,
                                                        upper=link.upper, task="duixia"),
-                           link.temperature, link.seed, link.year, link.modes, notice)
+                           link.temperature, link.seed, link.year, link.modes, notice, link.best)
     elif notice:
         yield (gr.skip(), checks_html(None, notice), *SKIP6[2:])
     else:
@@ -346,17 +353,17 @@ def _take_home(payload: list | None, link: ShareLink, request: gr.Request | None
 
 
 def take_home_keywords(payload: list | None, keywords: str, length: int, acrostic: bool, temperature: float,
-                       seed: float, year: float, modes: list[str], request: gr.Request) -> tuple:
+                       seed: float, year: float, modes: list[str], best: bool, request: gr.Request) -> tuple:
     link = ShareLink("keywords", keywords=keywords or "", length=int(length or 7), acrostic=bool(acrostic),
                      temperature=float(temperature or 0), seed=int(seed or 0), year=_year_or_default(year),
-                     modes=ticked(modes))
+                     modes=ticked(modes), best=bool(best))
     return _take_home(payload, link, request)
 
 
 def take_home_duixia(payload: list | None, upper: str, temperature: float, seed: float, year: float,
-                     modes: list[str], request: gr.Request) -> tuple:
+                     modes: list[str], best: bool, request: gr.Request) -> tuple:
     link = ShareLink("duixia", upper=upper or "", temperature=float(temperature or 0), seed=int(seed or 0),
-                     year=_year_or_default(year), modes=ticked(modes))
+                     year=_year_or_default(year), modes=ticked(modes), best=bool(best))
     return _take_home(payload, link, request)
 
 
@@ -518,6 +525,8 @@ def build_app() -> gr.Blocks:
                         # write_couplet runs; write_couplet falls back to the default year with a Chinese message
                         year = gr.Number(DEFAULT_YEAR, precision=0, label=f"年份（{MIN_YEAR}–{MAX_YEAR}）",
                                          elem_id="year")
+                    best = gr.Checkbox(False, elem_id="best-of",
+                                       label=f"择优：每种模式同写 {PAGE_BEST_OF.n} 稿，留对仗与文气最佳的一副（稍慢）")
                 with gr.Accordion("KV 缓存模式", open=True, elem_id="modes-fold"):
                     modes = gr.CheckboxGroup(mode_choices, value=default_modes(), elem_id="modes",
                                              label="KV 缓存模式（同一关键词、同一种子）", show_label=False)
@@ -563,7 +572,7 @@ def build_app() -> gr.Blocks:
             gr.Markdown(about_markdown(os.path.basename(lm.source.rstrip("/")) or lm.source, lm.parameters,
                                        lm.device, str(lm.dtype).removeprefix("torch."), versions(),
                                        BACKEND.vllm_url if serves_remotely() else ""))
-        inputs = [keywords, length, acrostic, temperature, seed, year, modes]
+        inputs = [keywords, length, acrostic, temperature, seed, year, modes, best]
         outputs = [gate, checks, kv_plot, mem_plot, table, payload]
         # one concurrency group: the button and Enter share the CONCURRENCY slots (separate limits would add up);
         # Enter's copy of the endpoint stays out of the API (api_name=False is not Gradio 6's way)
@@ -573,7 +582,7 @@ def build_app() -> gr.Blocks:
             trigger(None, [reroll, seed], seed, js=PREPARE_WRITE_JS, queue=False).then(
                 write_couplet, inputs, outputs, concurrency_limit=CONCURRENCY, concurrency_id="couplet",
                 **_endpoint(api)).then(take_home_keywords, [payload, *inputs], take_home_outputs, **private)
-        duixia_inputs = [upper, temperature, seed, year, modes]
+        duixia_inputs = [upper, temperature, seed, year, modes, best]
         for trigger, api in ((duixia_button.click, "duixia"), (upper.submit, None)):
             trigger(None, [reroll, seed], seed, js=PREPARE_WRITE_JS, queue=False).then(
                 write_duixia, duixia_inputs, outputs, concurrency_limit=CONCURRENCY, concurrency_id="couplet",
@@ -583,7 +592,7 @@ def build_app() -> gr.Blocks:
                        ).success(lambda: gr.File(visible=True), None, print_files, **private
                                  ).then(None, js=DOWNLOAD_PDF_JS)
         # a share link (?kw=…&seed=…) fills the form and writes at once
-        demo.load(open_link, None, [keywords, length, acrostic, temperature, seed, year, modes, upper, tasks,
+        demo.load(open_link, None, [keywords, length, acrostic, temperature, seed, year, modes, best, upper, tasks,
                                     link_state], api_visibility="private", queue=False
                   ).then(write_from_link, link_state, outputs, api_visibility="private",
                          concurrency_limit=CONCURRENCY, concurrency_id="couplet"

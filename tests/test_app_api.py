@@ -393,3 +393,26 @@ def test_print_refuses_bad_texts_with_a_chinese_message(client, texts, message):
         client.predict(*texts, api_name="/print")
     # and the app is still there
     assert client.predict("天增岁月人增寿", "春满乾坤福满门", "万象更新", api_name="/print")[0].endswith(".pdf")
+
+
+def test_best_of_shows_the_best_draft_of_each_mode_and_its_note(client):
+    """择优 ticked: each mode writes PAGE_BEST_OF.n drafts in the engine; the gate, the checks and the payload show
+    the best one, the note says which draft, and a client that leaves the box out gets one draft (the default)."""
+    from app import PAGE_BEST_OF
+    from couplet.page.share import DEFAULT_TEMPERATURE
+
+    one = couplet(client, "人工智能", temperature=DEFAULT_TEMPERATURE, seed=5, modes=["full", "shared"])
+    out = client.predict(*args("人工智能", temperature=DEFAULT_TEMPERATURE, seed=5, modes=["full", "shared"]), True,
+                         api_name="/couplet")
+    assert all("candidates" not in r for r in one[RESULTS])  # the box's default: off
+    full, shared = out[RESULTS]
+    assert len(full["candidates"]) == PAGE_BEST_OF.n and full["checks"]["passed"]
+    scores = [c["score"] for c in full["candidates"] if c["score"] is not None]
+    assert full["candidates"][0]["score"] == max(scores)
+    # draft 0 is the request itself: the couplet the box off writes is among the drafts
+    assert (one[RESULTS][0]["upper"], one[RESULTS][0]["lower"]) in \
+        {(c["upper"], c["lower"]) for c in full["candidates"]}
+    assert (shared["upper"], shared["lower"]) == (full["upper"], full["lower"])  # lossless: the same drafts
+    upper, lower, hengpi = gate_lines(out[GATE])
+    assert (upper, lower, hengpi) == (full["upper"], full["lower"], full["hengpi"]) and gate_state(out[GATE]) == "open"
+    assert f"从 {PAGE_BEST_OF.n} 副草稿中择优" in _text(out[CHECKS])

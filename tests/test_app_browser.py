@@ -501,3 +501,25 @@ def test_the_peak_panel_shows_the_committed_benchmark_and_its_budget_sweep(page)
     assert sorted(traces) == sorted([m, runs] for m in bench["runs"][0]["modes"] for _ in range(2))
     assert page.locator("#peak .bench-source").count() == 2  # the table's benchmark and the sweep's
     assert "--budgets" in page.locator("#peak .bench-source").nth(1).inner_text()
+
+
+def test_best_of_settles_on_the_best_draft_and_its_link_keeps_the_box(browser, live_app):
+    """择优 ticked: the doors open on the best of the drafts, the checks say which draft was kept, the share link
+    carries best=1, and opening it ticks the box and writes the same couplet again."""
+    page = open_page(browser, live_app, DESKTOP)
+    ready(page)
+    for mode in DEFAULT_MODES[1:]:  # `full` alone
+        page.locator("#modes label").filter(has_text=mode).click()
+    page.locator("#keywords").locator("input, textarea").first.fill("人工智能")
+    page.click("#best-of label")
+    write_again(page)
+    assert "副草稿中择优" in page.inner_text("#checks-box")
+    link = page.eval_on_selector("#share-link textarea", "e => e.value")
+    assert "best=1" in link
+    couplet = shown(page)
+    again = open_page(browser, link, DESKTOP)
+    opened(again)
+    assert again.locator("#best-of input").is_checked() and shown(again) == couplet
+    assert "副草稿中择优" in again.inner_text("#checks-box")
+    again.context.close()
+    page.context.close()

@@ -16,13 +16,14 @@ def roundtrip(link: ShareLink) -> ShareLink:
 
 def test_a_link_round_trips_every_field():
     link = ShareLink("keywords", keywords="龙马精神", length=5, acrostic=True, temperature=0.8, seed=3, year=2031,
-                     modes=["full", "int8"])
+                     modes=["full", "int8"], best=True)
     back = roundtrip(link)
     assert (back.task, back.keywords, back.length, back.acrostic, back.temperature, back.seed, back.year,
-            back.modes) == ("keywords", "龙马精神", 5, True, 0.8, 3, 2031, ["full", "int8"])
+            back.modes, back.best) == ("keywords", "龙马精神", 5, True, 0.8, 3, 2031, ["full", "int8"], True)
     assert back.notes == [] and back.error == ""
     duixia = roundtrip(ShareLink("duixia", upper="春风送暖千家福", seed=7))
-    assert (duixia.task, duixia.upper, duixia.seed) == ("duixia", "春风送暖千家福", 7)
+    assert (duixia.task, duixia.upper, duixia.seed, duixia.best) == ("duixia", "春风送暖千家福", 7, False)
+    assert "best" not in ShareLink("duixia", upper="春风送暖千家福").query()  # links made before 择优 read the same
 
 
 def test_the_url_keeps_han_characters_readable_and_drops_the_old_query():
@@ -46,6 +47,7 @@ def test_no_couplet_in_the_link_writes_nothing():
     ({"kw": "春", "seed": "2147483648"}, "seed", 0, "随机种子 2147483648 超出 0–2147483647"),  # not 2.14748e+09
     ({"kw": "春", "seed": "12.5"}, "seed", 0, "随机种子「12.5」不是整数"),
     ({"kw": "春", "year": "1066"}, "year", DEFAULT_YEAR, "年份 1066 超出 1900–2100"),
+    ({"kw": "春", "best": "yes"}, "best", False, "择优「yes」无效"),
     ({"kw": "春", "modes": "full,turbo"}, "modes", list(DEFAULT_MODES), "未知的缓存模式"),
 ])
 def test_a_wrong_value_takes_the_default_and_says_so(params, field, value, note):

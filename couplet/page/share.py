@@ -35,7 +35,7 @@ DEFAULT_TEMPERATURE = 0.6
 # quantization, the staged combination); the other four are a tick away. Fewer modes, a faster first character
 # on two cores (docs/results/latency.md).
 DEFAULT_MODES = ("full", "selective", "int4", "combo")
-KEYS = ("kw", "up", "len", "cang", "t", "seed", "year", "modes")
+KEYS = ("kw", "up", "len", "cang", "t", "seed", "year", "modes", "best")
 
 
 @dataclass
@@ -51,6 +51,7 @@ class ShareLink:
     seed: int = 0
     year: int = DEFAULT_YEAR
     modes: list[str] = field(default_factory=lambda: list(DEFAULT_MODES))
+    best: bool = False  # 择优: several drafts per mode, the best shown
     notes: list[str] = field(default_factory=list)  # what was wrong with the link, in Chinese
     error: str = ""  # keywords / 上联 refused: nothing is written
 
@@ -61,7 +62,7 @@ class ShareLink:
         if self.task == "keywords":
             params |= {"len": str(self.length), "cang": "1" if self.acrostic else "0"}
         params |= {"t": f"{self.temperature:g}", "seed": str(self.seed), "year": str(self.year),
-                   "modes": ",".join(self.modes)}
+                   "modes": ",".join(self.modes)} | ({"best": "1"} if self.best else {})
         # Han characters stay as they are (an IRI: browsers and chat apps show 龙马精神, not %E9%BE%99…);
         # everything else is percent-encoded
         return "&".join(f"{k}={''.join(c if is_han(c) else quote(c, safe=',') for c in v)}"
@@ -126,6 +127,11 @@ def parse_query(params: Mapping[str, str]) -> ShareLink:
         link.seed = _number(raw["seed"], int, 0, MAX_SEED, "随机种子", 0, link.notes)
     if "year" in raw:
         link.year = _number(raw["year"], int, MIN_YEAR, MAX_YEAR, "年份", DEFAULT_YEAR, link.notes)
+    if "best" in raw:
+        if raw["best"].lower() in ("0", "1", "true", "false"):
+            link.best = raw["best"].lower() in ("1", "true")
+        else:
+            link.notes.append(f"链接中的择优「{raw['best']}」无效（应为 0 或 1），已不择优。")
     if "modes" in raw:
         try:
             link.modes = [m for m in MODES if m in parse_modes(raw["modes"])] or list(DEFAULT_MODES)

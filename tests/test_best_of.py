@@ -110,8 +110,9 @@ def test_the_engine_streams_draft_zero_then_settles_on_the_best_draft(embedded_l
     streamed = [r.latest[mode] for r in rounds[:-1]]
     assert streamed[-1].upper == first.upper and first.lower.startswith(streamed[-1].lower)
     result = rounds[-1].results[mode]
-    assert [(d["upper"], d["lower"], d["score"]) for d in result.candidates] == \
-        [(d["upper"], d["lower"], d["score"]) for d in alone.candidates]
+    # drafts 1.. join draft 0's running batch (padded, so their log p may differ in the 4th decimal)
+    assert [(d["upper"], d["lower"]) for d in result.candidates] == [(d["upper"], d["lower"]) for d in alone.candidates]
+    assert [d["score"] for d in result.candidates] == pytest.approx([d["score"] for d in alone.candidates], abs=1e-3)
     assert (rounds[-1].latest[mode].upper, rounds[-1].latest[mode].lower) == (result.upper, result.lower)
     assert (result.upper, result.lower) == (alone.upper, alone.lower) and result.checks["passed"]
     assert result.notes[-1] == alone.notes[-1]

@@ -21,12 +21,13 @@ Why not the mutual information between the lines (log p(下联 | 上联) − log
 every 下联 without its 上联; the likelihood here comes free with the decode.
 
 Cost: the prompt is fed once per row (a `shared` or `combo` pool stores its blocks once), and every step is one
-forward for the n rows: on two CPU cores 4 drafts take ~1.7× one (measured in quality.md).
+forward for the n rows: on two CPU cores 4 drafts take 2.5× one under `full`, 1.7× under `shared`, whose extra
+drafts hold 63 KB of KV each against 1287 KB (docs/results/quality.md, "Best-of-N").
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -128,13 +129,18 @@ def best_of(lm: LoadedModel, request: CoupletRequest, best: BestOf = BestOf(), m
     return present(result, chosen, entries)
 
 
-def drafted(streams: Sequence[Iterator[Progress]], weight: float) -> Iterator[Progress]:
-    """One stream per draft (the engine's tickets, draft 0 first) → one stream: draft 0's progress as it is written,
-    then, once every draft is written, a last Progress with the chosen draft's lines and result (`present`). The
-    page streams the first draft and settles on the best when all are in (they decode in the same batch)."""
-    first, *others = streams
+def drafted(first: Iterator[Progress], rest: Callable[[], Sequence[Iterator[Progress]]], weight: float
+            ) -> Iterator[Progress]:
+    """Draft 0's stream, and `rest()` starting the other drafts' → one stream: draft 0's progress as it is written,
+    then, once every draft is written, a last Progress with the chosen draft's lines and result (`present`).
+    The others start once draft 0's prefill is in, so the first character waits for one prompt, not n: the
+    engine then prefills them (from the pool's blocks draft 0 left, where the mode has a pool) and they join
+    draft 0's running batch. The page streams the first draft and settles on the best when all are in."""
     finals: list[Progress] = []
-    for progress in first:
+    others: Sequence[Iterator[Progress]] = ()
+    for step, progress in enumerate(first):
+        if step == 0:
+            others = rest()
         if progress.result is not None:
             finals.append(progress)
             break
@@ -143,7 +149,7 @@ def drafted(streams: Sequence[Iterator[Progress]], weight: float) -> Iterator[Pr
         *_, last = stream
         finals.append(last)
     results = [p.result for p in finals]
-    assert len(finals) == len(streams) and all(r is not None for r in results), "every draft ends with its result"
+    assert len(finals) == 1 + len(others) and all(r is not None for r in results), "every draft ends with its result"
     chosen, entries = rank([(r.upper, r.lower, r.checks, r.logprobs) for r in results if r is not None], weight)
     result = results[chosen]
     assert result is not None

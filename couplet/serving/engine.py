@@ -124,9 +124,9 @@ class Engine(Admission):
         slowest mode), served by the engine; closing the iterator cancels what has not finished. `remote`:
         more streams of the same prepared request from other backends ({mode: decode(prep)},
         `couplet.serving.backends`), advanced in the same lockstep. `best` (n > 1): each in-process mode writes
-        n drafts, submitted together (they share a wave and, with a pool, the prompt's blocks, as vLLM's
-        parallel sampling `n` does); its stream is draft 0's, and its last Progress the best draft's
-        (`best_of.drafted`)."""
+        n drafts: draft 0 first, the others submitted once it is prefilled (they join its running batch and,
+        with a pool, share the prompt's blocks, as vLLM's parallel sampling `n` does); the mode's stream is
+        draft 0's, and its last Progress the best draft's (`best_of.drafted`)."""
         requests = draft_requests(request, best) if best is not None else [request]
         preps = [prepare(self.lm, r, prompt, voice) for r in requests]
         tickets: list[Ticket] = []
@@ -135,10 +135,15 @@ class Engine(Admission):
             # submitted one by one inside the try: a mode refused (busy, over budget, unknown) or a remote stream
             # that fails to start cancels the modes already queued, which no one would read
             for m in modes:
-                drafts = [self.submit(r, m, prep=p) for r, p in zip(requests, preps, strict=True)]
-                tickets += drafts
-                streams[m] = iter(drafts[0]) if len(drafts) == 1 else \
-                    drafted([iter(t) for t in drafts], best.weight if best is not None else 0.0)
+                tickets.append(self.submit(request, m, prep=preps[0]))
+                streams[m] = iter(tickets[-1])
+                if len(requests) > 1:
+                    def rest(m: str = m) -> list[Iterator[Progress]]:  # once draft 0 is prefilled (`drafted`)
+                        more = [self.submit(r, m, prep=p) for r, p in zip(requests[1:], preps[1:], strict=True)]
+                        tickets.extend(more)
+                        return [iter(t) for t in more]
+
+                    streams[m] = drafted(streams[m], rest, best.weight if best is not None else 0.0)
             for m, make in (remote or {}).items():
                 streams[m] = make(preps[0])
             yield from lockstep(streams)

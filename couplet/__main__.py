@@ -15,10 +15,10 @@ import sys
 from dataclasses import dataclass, field
 
 from couplet.events import CoupletResult
-from couplet.kvcache import MODES, PrefixPool, parse_modes, parse_settings
+from couplet.kvcache import MODES, PrefixPool, make_mode, parse_settings
 from couplet.models.hub import ModelUnavailable, add_model_args
 from couplet.serving.backends import DEFAULT_VLLM_URL, BackendConfig, BackendError, add_backend_args
-from couplet.writing.text import CoupletInputError
+from couplet.writing.text import CoupletInputError, normalize_keywords, normalize_upper
 
 MARK = {True: "✓", False: "✗"}
 
@@ -71,8 +71,11 @@ def main(cfg: CliConfig) -> int:
     settings = parse_settings(cfg.settings)
     BackendConfig(cfg.backend, cfg.vllm_url)  # a bad URL: one line, before the model loads
     local = cfg.modes if cfg.modes is not None else ([] if cfg.backend == "vllm" else ["full"])
-    parse_modes(local or ["full"], allow_all=False)
+    for m in local:  # an unknown mode, option or value: one line before the model loads
+        make_mode(m, **settings.get(m, {}))
     drafts = BestOf(n=cfg.best_of)
+    # the text too: a refusal costs no model load (its vocabulary only adds notes, after it loads)
+    normalize_upper(cfg.upper) if cfg.upper is not None else normalize_keywords(cfg.keywords or "")
     if cfg.best_of > 1 and cfg.backend == "vllm":
         raise ValueError("--best-of runs in-process modes only, not on a vLLM server")
     request = CoupletRequest(cfg.keywords or "", cfg.length, cfg.acrostic, cfg.temperature, cfg.top_p, cfg.seed,

@@ -1,0 +1,46 @@
+"""What a visitor gets: the page's request (temperature 0.6, top-p 0.9) on a keyword list, one seed at a time, as
+one draft and with 择优 (best of 4), both under `shared` (lossless; the pool keeps the house prefix, as on the page).
+
+    python scripts/best_of_page.py assets/outside_keywords.txt [--seeds 1 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from couplet.bench.figures import voice_flags
+from couplet.bench.quality import read_lines
+from couplet.kvcache import PrefixPool
+from couplet.models.loading import load_model
+from couplet.page.share import DEFAULT_TEMPERATURE
+from couplet.serving.best_of import BestOf, best_of
+from couplet.serving.generate import CoupletRequest, generate
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("keywords")
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    a = p.parse_args()
+    lm = load_model(None, "cpu", "float32")
+    phrases = read_lines(a.keywords)
+    print("| seed | couplet | rules | 对仗 | template repeat | gloom | negation |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    for seed in a.seeds:
+        for label, drafts in (("one draft", 1), ("择优, best of 4", 4)):
+            pool = PrefixPool()
+            results = []
+            for kw in phrases:
+                request = CoupletRequest(kw, 7, temperature=DEFAULT_TEMPERATURE, top_p=0.9, seed=seed)
+                results.append(generate(lm, request, "shared", pool) if drafts == 1 else
+                               best_of(lm, request, BestOf(drafts), "shared", pool))
+            flags = voice_flags(results)
+            figures = [statistics.fmean(r.checks["passed"] for r in results),
+                       statistics.fmean(r.checks["parallelism"]["score"] for r in results),
+                       *(statistics.fmean(flags[k]) for k in ("template_repeat", "gloom_rate", "negation_rate"))]
+            print(f"| {seed} | {label} | " + " | ".join(f"{v:.3f}" for v in figures) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -102,3 +102,38 @@ def test_a_zodiac_hengpi_only_over_a_couplet_that_names_its_animal(embedded_lm):
     upper, lower = "春满梅花千里绿", "风吹柳絮万家红"
     assert not set(hengpi.shortlist(embedded_lm, upper, lower)) & {
         h for h in hengpi.phrases() if set(h) & hengpi.ANIMALS}
+
+
+def test_the_shipped_prior_is_the_embedded_model_own(embedded_lm):
+    """assets/model/hengpi_prior.json is keyed to the embedded weights (float32 on CPU, these candidates), so every
+    new process uses it instead of scoring ~600 phrases; its values are what the model computes (a sample of
+    phrases: each phrase's prior is its own). After retraining: `python -m couplet.writing.hengpi --save-prior`."""
+    import json
+
+    from couplet.models.loading import EMBEDDED_MODEL
+
+    saved = json.loads((EMBEDDED_MODEL / hengpi.PRIOR_FILE).read_text(encoding="utf-8"))
+    if embedded_lm.device != "cpu":
+        pytest.skip("the shipped prior is the CPU float32 one; on a GPU it is computed")
+    assert saved["key"] == hengpi.prior_key(embedded_lm), "stale: run python -m couplet.writing.hengpi --save-prior"
+    assert list(saved["prior"]) == list(hengpi.phrases())
+    sample = list(hengpi.phrases())[::40]
+    computed = hengpi.compute_prior(embedded_lm, sample)
+    assert [saved["prior"][h] for h in sample] == pytest.approx([computed[h] for h in sample], abs=1e-4)
+
+
+def test_a_prior_whose_key_does_not_match_is_computed_instead(tiny_checkpoint, tmp_path):
+    import json
+    import shutil
+
+    from couplet.models.loading import load_model
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_checkpoint, folder)
+    bogus = {h: 0.0 for h in hengpi.phrases()}
+    (folder / hengpi.PRIOR_FILE).write_text(json.dumps({"key": "stale", "prior": bogus}), encoding="utf-8")
+    lm = load_model(str(folder), device="cpu", dtype="float32")
+    assert hengpi._prior(lm) == pytest.approx(hengpi.compute_prior(lm)) and hengpi._prior(lm) != bogus
+    hengpi.save_prior(lm)  # now keyed to these weights: a new process reads it back
+    again = load_model(str(folder), device="cpu", dtype="float32")
+    assert hengpi._prior(again) == json.loads((folder / hengpi.PRIOR_FILE).read_text(encoding="utf-8"))["prior"]

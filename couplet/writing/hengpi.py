@@ -7,7 +7,8 @@ own 春联, `couplet.writing.folk`). A candidate h is scored by
 
 how much better this couplet predicts h than 春联 in general do (pointwise mutual information against the
 house couplets, `couplet.writing.prompt`). The second term is a per-phrase constant, computed once per model: a
-phrase every couplet predicts (春暖花开) wins no more often than its fit earns.
+phrase every couplet predicts (春暖花开) wins no more often than its fit earns. A checkpoint folder may carry it
+precomputed (`hengpi_prior.json`, used only when its key matches the weights, dtype and candidates).
 
 Cost. The couplet is fed once as a short prefix, `<bos> <Ln> <sep> 上联 <mid> 下联 <sep>` (~20 tokens, no
 exemplars: the 横批 fits the couplet, not the prompt), and its KV is repeated over a batch of the
@@ -25,7 +26,12 @@ Results are cached per couplet.
 
 from __future__ import annotations
 
+import argparse
+import hashlib
+import json
+from collections.abc import Sequence
 from functools import lru_cache
+from pathlib import Path
 
 import torch
 
@@ -37,6 +43,7 @@ from couplet.writing.phrases import HENGPI_PHRASES
 from couplet.writing.prompt import HOUSE_COUPLETS
 
 SHORTLIST = 12
+PRIOR_FILE = "hengpi_prior.json"  # beside a checkpoint's weights: the per-phrase prior, keyed (`prior_key`)
 ANIMALS = set(ZODIAC) | {"犬"}  # 犬 is 狗 in the folk couplets (玉犬贺新春)
 
 
@@ -78,12 +85,50 @@ def continuation_logprobs(lm: LoadedModel, couplets: list[tuple[str, str]], cand
     return (head + logp).view(len(couplets), k)
 
 
+def compute_prior(lm: LoadedModel, candidates: Sequence[str] | None = None) -> dict[str, float]:
+    """Mean log p(h | c') over the house couplets, per phrase: what any 春联 predicts of h (each phrase's value
+    is its own: scoring a subset gives the same numbers)."""
+    candidates = list(phrases() if candidates is None else candidates)
+    means = [continuation_logprobs(lm, refs, candidates).mean(0) for n in (5, 7)
+             if (refs := [(h.upper, h.lower) for h in HOUSE_COUPLETS if len(h.upper) == n])]
+    return dict(zip(candidates, torch.stack(means).mean(0).tolist(), strict=True))
+
+
+def prior_key(lm: LoadedModel) -> str | None:
+    """What the prior depends on — the weights' bytes, their dtype, quantization and device type, the candidates and
+    the house couplets — as one hash; None for a checkpoint that is not a local folder with model.safetensors."""
+    weights = Path(lm.source) / "model.safetensors"
+    if not weights.is_file():
+        return None
+    h = hashlib.sha256(weights.read_bytes())
+    h.update(f"{lm.dtype}|{lm.weights}|{torch.device(lm.device).type}|".encode())
+    h.update("\n".join(phrases()).encode())
+    h.update("\n".join(f"{c.upper}{c.lower}" for c in HOUSE_COUPLETS).encode())
+    return h.hexdigest()
+
+
+def save_prior(lm: LoadedModel) -> Path:
+    """Write the prior beside the checkpoint's weights (`python -m couplet.writing.hengpi --save-prior [MODEL]`)."""
+    key = prior_key(lm)
+    if key is None:
+        raise ValueError(f"{lm.source} is not a local checkpoint folder with model.safetensors")
+    path = Path(lm.source) / PRIOR_FILE
+    path.write_text(json.dumps({"key": key, "prior": compute_prior(lm)}, ensure_ascii=False, indent=0) + "\n",
+                    encoding="utf-8")
+    return path
+
+
 @lru_cache(maxsize=4)
 def _prior(lm: LoadedModel) -> dict[str, float]:
-    """Mean log p(h | c') over the house couplets, per phrase: what any 春联 predicts of h."""
-    means = [continuation_logprobs(lm, refs, list(phrases())).mean(0) for n in (5, 7)
-             if (refs := [(h.upper, h.lower) for h in HOUSE_COUPLETS if len(h.upper) == n])]
-    return dict(zip(phrases(), torch.stack(means).mean(0).tolist(), strict=True))
+    """The prior saved beside the checkpoint when its key is this model's (the embedded model ships one: computing
+    it is ~1,500 phrases × 7 couplets, 7.5 s on two CPU cores, which every new process paid before its first
+    横批), else computed."""
+    path = Path(lm.source) / PRIOR_FILE
+    if path.is_file() and (key := prior_key(lm)) is not None:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        if saved.get("key") == key:
+            return saved["prior"]
+    return compute_prior(lm)
 
 
 def _mean_embedding(lm: LoadedModel, texts: list[str]) -> torch.Tensor:
@@ -138,3 +183,13 @@ def choose_hengpi(lm: LoadedModel, upper: str, lower: str, keywords: str = "") -
     if lm.family.name != "couplet":
         return shortlist(lm, upper, lower, keywords, 1)[0]
     return _choose(lm, upper, lower, keywords)
+
+
+if __name__ == "__main__":
+    from couplet.models.loading import load_model
+
+    parser = argparse.ArgumentParser(description="Precompute the 横批 prior beside a local checkpoint's weights.")
+    parser.add_argument("--save-prior", action="store_true", required=True)
+    parser.add_argument("model", nargs="?", default=None, help="a checkpoint folder (default: the embedded model)")
+    args = parser.parse_args()
+    print(save_prior(load_model(args.model, "cpu", "float32")))

@@ -34,7 +34,8 @@ from typing import Any
 from couplet.events import CoupletResult
 from couplet.kvcache import PrefixPool
 from couplet.models.loading import LoadedModel
-from couplet.serving.generate import Decoding, Progress
+from couplet.serving.generate import Decoding
+from couplet.serving.progress import Progress
 from couplet.serving.request import CoupletRequest, prepare
 from couplet.writing.lexicon import DEFAULT_VOICE, VoiceConfig
 from couplet.writing.prompt import DEFAULT_PROMPT, PromptConfig

@@ -55,7 +55,8 @@ from couplet.kvcache import KVGeometry, PrefixPool, make_mode, parse_modes
 from couplet.models.loading import LoadedModel
 from couplet.serving.admission import Admission
 from couplet.serving.best_of import BestOf, draft_requests, drafted
-from couplet.serving.generate import CoupletRequest, Prepared, Progress, Round, lockstep, prepare
+from couplet.serving.generate import CoupletRequest, Prepared, prepare
+from couplet.serving.progress import Progress, Round, lockstep
 from couplet.serving.tickets import BUSY_MESSAGE, MB, EngineBusy, EngineConfig, EngineStats, Ticket, Wave
 from couplet.writing.lexicon import DEFAULT_VOICE, VoiceConfig
 from couplet.writing.prompt import DEFAULT_PROMPT, HouseCouplet, PromptConfig

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 
 import torch
 
@@ -26,6 +25,7 @@ from couplet.events import CoupletResult, StepRecord
 from couplet.kvcache import Block, KVGeometry, PrefixPool, make_mode
 from couplet.kvcache.dense import FullCache
 from couplet.models.loading import LoadedModel
+from couplet.serving.progress import Progress, Round, lockstep
 from couplet.serving.request import LENGTHS, TASKS, CoupletRequest, Prepared, prepare
 from couplet.serving.sampling import decision_scores, greedy_decision, sample, step_noise
 from couplet.writing.constraints import LineConstraints
@@ -35,25 +35,11 @@ from couplet.writing.placement import couplet_protection
 from couplet.writing.prompt import DEFAULT_PROMPT, PromptConfig
 from couplet.writing.rules import check_couplet
 
-# the request and its preparation, and the choice of a character, live beside this loop; callers import them here
+# the request and its preparation, the choice of a character and what streams back (`progress.py`) live beside
+# this loop; callers import them here
 __all__ = ["LENGTHS", "TASKS", "CoupletRequest", "Decoding", "Prepared", "Progress", "Round", "decision_scores",
            "decode", "finish", "generate", "greedy_decision", "left_padded", "lockstep", "prepare", "sample",
            "step_noise", "stream_modes"]
-
-@dataclass
-class Progress:
-    """A mode's state after one step: the text so far and the step's record (each step's exactly once)."""
-
-    mode: str
-    upper: str
-    lower: str
-    record: StepRecord
-    result: CoupletResult | None = None  # set on the last step
-    logprob: float | None = None  # teacher-forced runs only: log p(followed character)
-    # teacher-forced runs, at a free choice (not a keyword): the character this cache would have picked
-    # greedily given the followed history, and its margin over the runner-up (nats; `evaluate`'s agreement)
-    decision: tuple[str, float] | None = None
-
 
 def _device_memory(device: str) -> tuple[int | None, int | None]:
     if device.startswith("cuda"):
@@ -379,20 +365,6 @@ def decode(lm: LoadedModel, prep: Prepared, mode: str, pool: PrefixPool | None =
         run.close()
 
 
-@dataclass
-class Round:
-    """What `stream_modes` yields after every round: each mode's latest Progress, every record so far per
-    mode (each step once), and the results of the modes that have finished."""
-
-    latest: dict[str, Progress]
-    records: dict[str, list[StepRecord]]
-    results: dict[str, CoupletResult]
-
-    @property
-    def done(self) -> bool:
-        return len(self.results) == len(self.latest)
-
-
 def stream_modes(lm: LoadedModel, request: CoupletRequest, modes: Sequence[str],
                  pool: PrefixPool | None = None, prompt: PromptConfig = DEFAULT_PROMPT,
                  voice: VoiceConfig = DEFAULT_VOICE) -> Iterator[Round]:
@@ -401,25 +373,6 @@ def stream_modes(lm: LoadedModel, request: CoupletRequest, modes: Sequence[str],
     Yields a Round after every round of steps; the last one has every mode's result."""
     prep = prepare(lm, request, prompt, voice)
     return lockstep({m: decode(lm, prep, m, pool) for m in modes})
-
-
-def lockstep(streams: dict[str, Iterator[Progress]]) -> Iterator[Round]:
-    """Take one Progress from every stream per round; yield a Round (a snapshot: a consumer may keep them)
-    after every round in which a stream was still running. Used for local decoding and for the engine."""
-    live = dict(streams)
-    state = Round({}, {m: [] for m in streams}, {})
-    while live:
-        for m in list(live):
-            p = next(live[m], None)
-            if p is None:
-                del live[m]
-                continue
-            state.latest[m] = p
-            state.records[m].append(p.record)
-            if p.result is not None:
-                state.results[m] = p.result
-        if live:
-            yield Round(dict(state.latest), {m: list(r) for m, r in state.records.items()}, dict(state.results))
 
 
 def generate(lm: LoadedModel, request: CoupletRequest, mode: str = "full", pool: PrefixPool | None = None,

@@ -98,6 +98,15 @@ def _number(raw: str, kind: type, low: float, high: float, name: str, default, n
     return default if why else value
 
 
+def _flag(raw: str, name: str, off: str, notes: list[str]) -> bool:
+    """A 0/1 (or false/true) switch of the link; anything else is off, with a note saying so (`off`: what "off"
+    means, in the note)."""
+    if raw.lower() in ("0", "1", "true", "false"):
+        return raw.lower() in ("1", "true")
+    notes.append(f"链接中的{name}「{raw}」无效（应为 0 或 1），已{off}。")
+    return False
+
+
 def parse_query(params: Mapping[str, str]) -> ShareLink:
     """A share link's query parameters → the form's values, with notes for what was wrong. Never raises."""
     link = ShareLink()
@@ -117,10 +126,7 @@ def parse_query(params: Mapping[str, str]) -> ShareLink:
         else:
             link.notes.append(f"链接中的字数「{raw['len']}」无效（应为 5 或 7），已用 7 字。")
     if "cang" in raw:
-        if raw["cang"].lower() in ("0", "1", "true", "false"):
-            link.acrostic = raw["cang"].lower() in ("1", "true")
-        else:
-            link.notes.append(f"链接中的藏头「{raw['cang']}」无效（应为 0 或 1），已不藏头。")
+        link.acrostic = _flag(raw["cang"], "藏头", "不藏头", link.notes)
     if "t" in raw:
         link.temperature = _number(raw["t"], float, 0.0, MAX_TEMPERATURE, "温度", DEFAULT_TEMPERATURE, link.notes)
     if "seed" in raw:
@@ -128,10 +134,7 @@ def parse_query(params: Mapping[str, str]) -> ShareLink:
     if "year" in raw:
         link.year = _number(raw["year"], int, MIN_YEAR, MAX_YEAR, "年份", DEFAULT_YEAR, link.notes)
     if "best" in raw:
-        if raw["best"].lower() in ("0", "1", "true", "false"):
-            link.best = raw["best"].lower() in ("1", "true")
-        else:
-            link.notes.append(f"链接中的择优「{raw['best']}」无效（应为 0 或 1），已不择优。")
+        link.best = _flag(raw["best"], "择优", "不择优", link.notes)
     if "modes" in raw:
         try:
             link.modes = [m for m in MODES if m in parse_modes(raw["modes"])] or list(DEFAULT_MODES)

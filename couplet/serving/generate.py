@@ -244,7 +244,8 @@ class Decoding:
         with torch.inference_mode():
             assert self.logits is not None, "prefill() first"
             chars, steps, logprob, decision = [], [], None, None
-            norm = torch.logsumexp(self.logits.float(), dim=-1)  # (batch,): log of each row's partition
+            # (batch,): log of each row's partition, for log p of a followed or a chosen character
+            norm = torch.logsumexp(self.logits.float(), dim=-1)
             for r, prep in enumerate(self.preps):
                 line, pos = self._next[r]
                 if line > 1:
@@ -259,7 +260,7 @@ class Decoding:
                         decision = (lm.id_to_char[pick], margin)
                     char = self.follow[line][pos]
                     token = lm.vocab.get(char, lm.family.unk)
-                    logprob = float(torch.log_softmax(self.logits[r].float(), dim=-1)[token])
+                    logprob = float(self.logits[r, token].float() - norm[r])
                 elif char is None:
                     allowed = self.constraints[r].allowed(line, pos, self.lines[r])
                     token = sample(self.logits[r], allowed, prep.request, step,

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from couplet.kvcache.codec import dequantize, gather_rows, pack_int4, quantize, unpack_int4
-from couplet.kvcache.storage import QuantStore, storage_bytes
+from couplet.kvcache.quant_store import QuantStore
+from couplet.kvcache.storage import storage_bytes
 
 torch.set_num_threads(1)
 

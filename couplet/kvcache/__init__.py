@@ -10,12 +10,13 @@
         stats = session.stats()                  # couplet.events.KVStats
     policy.describe()  # "selective: ratio=0.5, sinks=0, recent=8, floor=4, decay=0.5, keep_prompt=False"
 
-A mode is a `Policy` (`policy.py`) composed of parts (`base.py`): a storage format (`storage.py`, `codec.py`:
-full precision, int8, int4) × a retention policy (`retention.py`; `window.py`, `selective.py`, `snapkv.py`:
-knobs and one `score`) × a sharing policy (`shared.py`; the pool protocol in `pool_protocol.py`, the pool in
-`pool.py`). One factory, `build_session` (`policy.py`), makes the session (`session.py`) for any composition;
-`combo` is one. `options.py` parses `--set MODE.FIELD=VALUE` for the CLI and the benchmarks. The modes
-and everything known about them (label, colour, budget knob and sweep, byte target): `registry.py`.
+A mode is a `Policy` (`policy.py`) composed of parts (`base.py`): a storage format (`storage.py`,
+`quant_store.py`, `codec.py`: full precision, int8, int4) × a retention policy (`retention.py`; `window.py`,
+`selective.py`, `snapkv.py`: knobs and one `score`) × a sharing policy (`shared.py`; the pool protocol in
+`pool_protocol.py`, the pool in `pool.py`). One factory, `build_session` (`policy.py`), makes the session
+(`session.py`) for any composition; `combo` is one. `options.py` parses `--set MODE.FIELD=VALUE` for the CLI
+and the benchmarks. The modes and everything known about them (label, colour, budget knob and sweep, byte
+target): `registry.py`.
 
 Contract of `ModeSession.forward(input_ids, attention_mask=None)`:
 - input_ids (batch, q) int; attention_mask None, (batch, q) or (batch, past + q) with 0 for LEFT padding.

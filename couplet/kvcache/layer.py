@@ -28,7 +28,8 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from couplet.kvcache.blocks import BlockCodec
-from couplet.kvcache.storage import QuantStore, Store, pad_slots, storage_bytes
+from couplet.kvcache.quant_store import QuantStore
+from couplet.kvcache.storage import Store, pad_slots, storage_bytes
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from typing import ClassVar
 from couplet.kvcache.base import Composition, check_bool, check_choice, check_int
 from couplet.kvcache.blocks import QuantCodec
 from couplet.kvcache.policy import Policy
-from couplet.kvcache.storage import QuantStore
+from couplet.kvcache.quant_store import QuantStore
 
 KEY_AXES = ("token", "channel")
 

@@ -166,7 +166,7 @@ class Composition:
 
 
 def prefill_chunk(retention: Retention | None, pooled: bool) -> int:
-    """Tokens per forward of a bounded prefill (`Retention.chunk`; `ModeSession._prefill_in_chunks`): the prompt is
+    """Tokens per forward of a bounded prefill (`Retention.chunk`; `prefill.bounded_prefill`): the prompt is
     fed a chunk at a time and evicted to the budget after each, as StreamingLLM and H2O do, so a request holds
     its budget plus one chunk instead of the whole prompt. 0 (the whole prompt in one forward) for a policy that
     evicts once after the prompt (`prefill_only`: SnapKV scores the prompt by its last queries), never evicts the

@@ -92,14 +92,24 @@ def test_cli_best_of(capsys):
 
 
 @pytest.mark.parametrize("mode", ["full", "shared"])
-def test_the_engine_streams_draft_zero_then_settles_on_the_best_draft(embedded_lm, mode):
+def test_the_engine_streams_draft_zero_then_settles_on_the_best_draft(embedded_lm, mode, monkeypatch):
     """Through the engine (the page's path): the mode's stream is draft 0's as it is written, its last Progress
-    the best draft — the same drafts and choice as `best_of` in-process — and everything is released after."""
+    the best draft — the same drafts, choice and 横批 as `best_of` in-process — and everything is released after.
+    Only draft 0 (finished while the others decode) and the chosen draft get a 横批."""
+    import couplet.serving.generate as generate_module
     from couplet.serving.engine import Engine, EngineConfig
 
-    request, best = CoupletRequest("人工智能", temperature=0.6, top_p=0.9, seed=5), BestOf(n=4)
-    alone = best_of(embedded_lm, request, best, mode, PrefixPool())
+    best = BestOf(n=4)
+    for seed in range(5, 25):  # a request whose best draft is a sampled one: its 横批 is chosen after the ranking
+        request = CoupletRequest("人工智能", temperature=0.6, top_p=0.9, seed=seed)
+        alone = best_of(embedded_lm, request, best, mode, PrefixPool())
+        if alone.candidates[0]["draft"] != 0:
+            break
     first = generate(embedded_lm, request, mode, PrefixPool())  # draft 0: the request itself
+    chosen_for = []  # the couplets a 横批 is chosen for, through the engine (a spy around the real function)
+    choose = generate_module.choose_hengpi
+    monkeypatch.setattr(generate_module, "choose_hengpi",
+                        lambda lm, upper, lower, *a: chosen_for.append(upper + lower) or choose(lm, upper, lower, *a))
     with Engine(embedded_lm, EngineConfig(kv_budget_mb=64, pool_mb=8)) as engine:
         rounds = list(engine.stream(request, [mode], best=best))
         deadline = time.time() + 30
@@ -116,3 +126,6 @@ def test_the_engine_streams_draft_zero_then_settles_on_the_best_draft(embedded_l
     assert (rounds[-1].latest[mode].upper, rounds[-1].latest[mode].lower) == (result.upper, result.lower)
     assert (result.upper, result.lower) == (alone.upper, alone.lower) and result.checks["passed"]
     assert result.notes[-1] == alone.notes[-1]
+    assert result.hengpi == alone.hengpi and result.checks == alone.checks
+    assert result.candidates[0]["draft"] != 0
+    assert chosen_for == [first.upper + first.lower, result.upper + result.lower]

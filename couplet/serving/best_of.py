@@ -27,6 +27,7 @@ drafts hold 63 KB of KV each against 1287 KB (docs/results/quality.md, "Best-of-
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -130,13 +131,17 @@ def best_of(lm: LoadedModel, request: CoupletRequest, best: BestOf = BestOf(), m
     return present(result, chosen, entries)
 
 
-def drafted(first: Iterator[Progress], rest: Callable[[], Sequence[Iterator[Progress]]], weight: float
-            ) -> Iterator[Progress]:
+def drafted(first: Iterator[Progress], rest: Callable[[], Sequence[Iterator[Progress]]], weight: float,
+            crown: Callable[[int, CoupletResult], CoupletResult]) -> Iterator[Progress]:
     """Draft 0's stream, and `rest()` starting the other drafts' → one stream: draft 0's progress as it is written,
     then, once every draft is written, a last Progress with the chosen draft's lines and result (`present`).
     The others start once draft 0's prefill is in, so the first character waits for one prompt, not n: the
     engine then prefills them (from the pool's blocks draft 0 left, where the mode has a pool) and they join
-    draft 0's running batch. The page streams the first draft and settles on the best when all are in."""
+    draft 0's running batch. The page streams the first draft and settles on the best when all are in.
+
+    Draft 0 is finished with its 横批 (on the engine's finisher, while the others decode); the others end
+    without one (`Prepared.hengpi` off), and `crown(k, result)` chooses draft k's only if it is chosen: a
+    横批 is a scoring forward per couplet, so n − 1 of them would be thrown away."""
     finals: list[Progress] = []
     others: Sequence[Iterator[Progress]] = ()
     for step, progress in enumerate(first):
@@ -154,5 +159,9 @@ def drafted(first: Iterator[Progress], rest: Callable[[], Sequence[Iterator[Prog
     chosen, entries = rank([(r.upper, r.lower, r.checks, r.logprobs) for r in results if r is not None], weight)
     result = results[chosen]
     assert result is not None
+    if chosen:
+        t0 = time.perf_counter()
+        result = crown(chosen, result)
+        result.seconds += time.perf_counter() - t0
     present(result, chosen, entries)
     yield Progress(finals[0].mode, result.upper, result.lower, finals[0].record, result=result)

@@ -49,13 +49,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 
 from couplet.events import CoupletResult
 from couplet.kvcache import KVGeometry, PrefixPool, make_mode, parse_modes
 from couplet.models.loading import LoadedModel
 from couplet.serving.admission import Admission
 from couplet.serving.best_of import BestOf, draft_requests, drafted
-from couplet.serving.generate import CoupletRequest, Prepared, prepare
+from couplet.serving.generate import CoupletRequest, Prepared, crown, prepare
 from couplet.serving.progress import Progress, Round, lockstep
 from couplet.serving.tickets import BUSY_MESSAGE, MB, EngineBusy, EngineConfig, EngineStats, Ticket, Wave
 from couplet.writing.lexicon import DEFAULT_VOICE, VoiceConfig
@@ -129,7 +130,8 @@ class Engine(Admission):
         with a pool, share the prompt's blocks, as vLLM's parallel sampling `n` does); the mode's stream is
         draft 0's, and its last Progress the best draft's (`best_of.drafted`)."""
         requests = draft_requests(request, best) if best is not None else [request]
-        preps = [prepare(self.lm, r, prompt, voice) for r in requests]
+        # drafts 1..n-1 end without a 横批: only the chosen one gets one (`drafted`'s crown)
+        preps = [replace(prepare(self.lm, r, prompt, voice), hengpi=i == 0) for i, r in enumerate(requests)]
         tickets: list[Ticket] = []
         streams: dict[str, Iterator[Progress]] = {}
         try:
@@ -138,13 +140,14 @@ class Engine(Admission):
             for m in modes:
                 tickets.append(self.submit(request, m, prep=preps[0]))
                 streams[m] = iter(tickets[-1])
-                if len(requests) > 1:
+                if best is not None and best.n > 1:
                     def rest(m: str = m) -> list[Iterator[Progress]]:  # once draft 0 is prefilled (`drafted`)
                         more = [self.submit(r, m, prep=p) for r, p in zip(requests[1:], preps[1:], strict=True)]
                         tickets.extend(more)
                         return [iter(t) for t in more]
 
-                    streams[m] = drafted(streams[m], rest, best.weight if best is not None else 0.0)
+                    streams[m] = drafted(streams[m], rest, best.weight,
+                                         lambda k, result: crown(self.lm, preps[k], result))
             for m, make in (remote or {}).items():
                 streams[m] = make(preps[0])
             yield from lockstep(streams)

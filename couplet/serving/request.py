@@ -57,6 +57,7 @@ class Prepared:
     lower_end: str = LEVEL  # the 下联's end tone: 平, or 仄 against a given 上联 that ends on 平
     notes: tuple[str, ...] = ()
     keyword_positions: tuple[int, ...] = ()  # where the keyword tokens sit in the prompt (retention protects them)
+    hengpi: bool = True  # choose a 横批 when written; a best-of draft's waits until it is chosen (`best_of.drafted`)
 
     @property
     def duixia(self) -> bool:

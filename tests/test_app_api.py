@@ -416,3 +416,10 @@ def test_best_of_shows_the_best_draft_of_each_mode_and_its_note(client):
     upper, lower, hengpi = gate_lines(out[GATE])
     assert (upper, lower, hengpi) == (full["upper"], full["lower"], full["hengpi"]) and gate_state(out[GATE]) == "open"
     assert f"从 {PAGE_BEST_OF.n} 副草稿中择优" in _text(out[CHECKS])
+    # the table says what all the drafts held: under `full` each draft its own prompt, under `shared` the pool's
+    # prefix once (the full cache's chosen draft holds what the box off holds for it)
+    assert full["candidates"][0]["kv_bytes"] == full["kv"]["peak_bytes"]
+    totals = [sum(c["kv_bytes"] for c in r["candidates"]) for r in (full, shared)]
+    for total in totals:
+        assert f"{PAGE_BEST_OF.n} 稿同写，合计自有 {total / 1024:.1f} KB" in _text(out[TABLE])
+    assert totals[1] < totals[0] / 4

@@ -110,6 +110,9 @@ def modes_table_html(results: Mapping[str, CoupletResult]) -> str:
             ratio = f"{owned / base:.2f}×（自有）" if base else "—"
         else:
             kv, ratio = f"{r.peak_bytes / 1024:.1f} KB", f"{r.peak_bytes / base:.2f}×" if base else "—"
+        if len(r.candidates) > 1:  # 择优: the charts follow one draft; every draft held its own KV beside it
+            total = sum(d.get("kv_bytes", 0) for d in r.candidates)
+            kv += f'<span class="kv-drafts">{len(r.candidates)} 稿同写，合计自有 {total / 1024:.1f} KB</span>'
         if mode in REMOTE_LABELS:  # its gauge covers every request the engine holds: no per-request ratio
             kv, ratio = f"引擎合计 {r.peak_bytes / 1024:.1f} KB", "—"
         same = full is not None and (r.upper, r.lower) == (full.upper, full.lower)

@@ -125,6 +125,8 @@ def best_of(lm: LoadedModel, request: CoupletRequest, best: BestOf = BestOf(), m
         checks = check_couplet(upper, lower, "", prep.keyword_text, given_upper=prep.duixia)
         drafts.append((upper, lower, checks, run.chosen_logprobs[r]))
     chosen, entries = rank(drafts, best.weight)
+    for entry, records in zip(entries, run.records, strict=True):
+        entry["kv_bytes"] = max((s.kv_bytes for s in records), default=0)  # as `CoupletResult.peak_owned_bytes`
     run.attach_result(chosen, last[chosen])
     result = last[chosen].result
     assert result is not None
@@ -157,6 +159,8 @@ def drafted(first: Iterator[Progress], rest: Callable[[], Sequence[Iterator[Prog
     results = [p.result for p in finals]
     assert len(finals) == 1 + len(others) and all(r is not None for r in results), "every draft ends with its result"
     chosen, entries = rank([(r.upper, r.lower, r.checks, r.logprobs) for r in results if r is not None], weight)
+    for entry, r in zip(entries, results, strict=True):
+        entry["kv_bytes"] = r.peak_owned_bytes if r is not None else 0
     result = results[chosen]
     assert result is not None
     if chosen:

@@ -6,6 +6,7 @@ knows about tensors or Gradio.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -52,6 +53,12 @@ class StepRecord:
         return asdict(self)
 
 
+
+def peak_owned_bytes(steps: Iterable[StepRecord]) -> int:
+    """The most KV a request held on its own over its steps (its share of pooled prefix blocks left out)."""
+    return max((s.kv_bytes for s in steps), default=0)
+
+
 @dataclass
 class CoupletResult:
     """A finished couplet for one mode, with its checks and per-step accounting."""
@@ -78,7 +85,7 @@ class CoupletResult:
     @property
     def peak_owned_bytes(self) -> int:
         """The most KV this request held on its own (its share of pooled prefix blocks left out)."""
-        return max((s.kv_bytes for s in self.steps), default=0)
+        return peak_owned_bytes(self.steps)
 
     @property
     def peak_shared_bytes(self) -> int:

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from couplet.events import CoupletResult
+from couplet.events import CoupletResult, peak_owned_bytes
 from couplet.kvcache import PrefixPool
 from couplet.models.loading import LoadedModel
 from couplet.serving.generate import Decoding
@@ -126,7 +126,7 @@ def best_of(lm: LoadedModel, request: CoupletRequest, best: BestOf = BestOf(), m
         drafts.append((upper, lower, checks, run.chosen_logprobs[r]))
     chosen, entries = rank(drafts, best.weight)
     for entry, records in zip(entries, run.records, strict=True):
-        entry["kv_bytes"] = max((s.kv_bytes for s in records), default=0)  # as `CoupletResult.peak_owned_bytes`
+        entry["kv_bytes"] = peak_owned_bytes(records)
     run.attach_result(chosen, last[chosen])
     result = last[chosen].result
     assert result is not None
@@ -156,13 +156,12 @@ def drafted(first: Iterator[Progress], rest: Callable[[], Sequence[Iterator[Prog
     for stream in others:
         *_, last = stream
         finals.append(last)
-    results = [p.result for p in finals]
-    assert len(finals) == 1 + len(others) and all(r is not None for r in results), "every draft ends with its result"
-    chosen, entries = rank([(r.upper, r.lower, r.checks, r.logprobs) for r in results if r is not None], weight)
+    results = [p.result for p in finals if p.result is not None]
+    assert len(results) == 1 + len(others), "every draft ends with its result"
+    chosen, entries = rank([(r.upper, r.lower, r.checks, r.logprobs) for r in results], weight)
     for entry, r in zip(entries, results, strict=True):
-        entry["kv_bytes"] = r.peak_owned_bytes if r is not None else 0
+        entry["kv_bytes"] = r.peak_owned_bytes
     result = results[chosen]
-    assert result is not None
     if chosen:
         t0 = time.perf_counter()
         result = crown(chosen, result)

@@ -346,15 +346,16 @@ def finish(lm: LoadedModel, prep: Prepared, mode: str, upper: str, lower: str,
     """A written couplet → its result: the 横批 chosen for it (unless `prep.hengpi` is off: then none yet, see
     `crown`), the checks, the notes and the exemplars shown. Shared by the local loop and remote backends
     (`couplet.serving.backends`)."""
-    result = CoupletResult(prep.keyword_text, upper, lower, "", mode,
-                           check_couplet(upper, lower, "", prep.keyword_text, given_upper=prep.duixia), list(records),
-                           list(prep.notes), exemplars=[list(p) for p in prep.context.exemplars])
-    return crown(lm, prep, result) if prep.hengpi else result
+    result = CoupletResult(prep.keyword_text, upper, lower, "", mode, {}, list(records), list(prep.notes),
+                           exemplars=[list(p) for p in prep.context.exemplars])
+    return crown(lm, prep, result, choose=prep.hengpi)
 
 
-def crown(lm: LoadedModel, prep: Prepared, result: CoupletResult) -> CoupletResult:
-    """The 横批 chosen for a written couplet (a scoring forward of its own, `hengpi`), and the checks with it."""
-    result.hengpi = choose_hengpi(lm, result.upper, result.lower, prep.keyword_text)
+def crown(lm: LoadedModel, prep: Prepared, result: CoupletResult, choose: bool = True) -> CoupletResult:
+    """The 横批 chosen for a written couplet (a scoring forward of its own, `hengpi`; `choose` off: none yet), and
+    the checks with it."""
+    if choose:
+        result.hengpi = choose_hengpi(lm, result.upper, result.lower, prep.keyword_text)
     result.checks = check_couplet(result.upper, result.lower, result.hengpi, prep.keyword_text,
                                   given_upper=prep.duixia)
     return result

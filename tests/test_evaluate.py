@@ -26,6 +26,9 @@ def test_base_report_has_the_documented_keys(tiny_checkpoint, keyword_file, tmp_
     assert report["rule_pass_rate"] == 1.0 and report["keyword_coverage"] == 1.0
     assert report["seconds_per_couplet"] > 0 and report["pairs_n"] == 1 and report["nll_per_char"] > 0
     assert [s["keywords"] for s in report["samples"]] == ["龙马", "春风", "福"]
+    # 龙马 → 龙 / 马 at the heads of the lines: position 0 is no rhythm position, so no clash, but it is no
+    # pair the model wrote, and the written 对仗 leaves it out
+    assert report["keyword_clash_rate"] == 0.0 and 0.0 <= report["parallelism_written"] <= 1.0
     assert {"upper", "lower", "hengpi", "checks"} <= set(report["samples"][0])
     sampled = report["sampled"]  # the same figures over the sampled couplets, a seed at a time
     assert sampled["phrases"] == 3 and sampled["seeds"] == 2 and sampled["temperature"] == 0.8

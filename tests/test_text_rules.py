@@ -88,3 +88,22 @@ def test_parallelism_rewards_contrast_and_classes():
     assert good["score"] > 0.7 > bad["score"]
     assert any("青" in p and "绿" in p for p in good["pairs"])
     assert rhythm_positions(7) == [1, 3, 5, 6] and rhythm_positions(5) == [1, 3, 4]
+
+
+def test_parallelism_sets_the_keywords_own_pairs_apart():
+    # 人工 / 智能 at the heads: 工 and 能 are both 平 at the 2nd character, a 失对 no writer chose
+    c = check_couplet("人工妙句新春力", "智能奇字大时科", "巧夺天工", "人工智能")["parallelism"]
+    assert c["given_clash"] == [1]
+    assert c["written"] > c["score"]  # the pairs the model wrote (positions 3–7) contrast better
+    assert "第 2 字「工」对「能」平仄不能相对" in c["message"] and "关键词所定" in c["message"]
+    # the same lines without keywords: every pair is the writer's, so nothing is set apart
+    free = check_couplet("人工妙句新春力", "智能奇字大时科")["parallelism"]
+    assert free["given_clash"] == [] and free["written"] == free["score"] == c["score"]
+    assert "关键词" not in free["message"]
+    # 龙马 / 精神: 马 仄 against 神 平, the keywords' own pair contrasts, so there is nothing to explain
+    ok = check_couplet("龙马新随云气动", "精神时见雨光浮", "", "龙马精神")["parallelism"]
+    assert ok["given_clash"] == [] and "关键词" not in ok["message"]
+    assert ok["written"] != ok["score"]  # still scored apart: the written pairs' 对仗 alone
+    # 对下联: the 上联 is given whole, but the 下联 is the writer's, so no pair is set apart
+    duixia = check_couplet("人工妙句新春力", "智能奇字大时科", keywords="人工智能", given_upper=True)
+    assert duixia["parallelism"]["given_clash"] == []

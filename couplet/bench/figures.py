@@ -87,6 +87,10 @@ def writing_report(results: list[CoupletResult]) -> dict[str, Any]:
     """What a reader counts in a set of couplets: rules kept, the 对仗 score, the voice, the 横批."""
     return {"rule_pass_rate": mean(r.checks["passed"] for r in results),
             "parallelism": mean(r.checks["parallelism"]["score"] for r in results),
+            # the 对仗 of the pairs the model wrote (the keywords' own pairs aside), and how often the keywords'
+            # halves face each other with one tone at a rhythm position (人工 / 智能), which no decoding mends
+            "parallelism_written": mean(r.checks["parallelism"]["written"] for r in results),
+            "keyword_clash_rate": mean(bool(r.checks["parallelism"]["given_clash"]) for r in results),
             **voice_report(results), **hengpi_report(results)}
 
 

@@ -37,26 +37,52 @@ def rhythm_positions(length: int) -> list[int]:
     return [*range(1, length - 1, 2), length - 1]
 
 
-def parallelism(upper: str, lower: str) -> dict[str, Any]:
-    """The 对仗 score and the evidence behind it."""
+def _tone_contrasts(upper: str, lower: str, positions: list[int]) -> list[bool]:
+    return [tone_class(upper[i]) is not None and tone_class(lower[i]) is not None
+            and tone_class(upper[i]) != tone_class(lower[i]) for i in positions]
+
+
+def _score(upper: str, lower: str, skip: frozenset[int] = frozenset()) -> tuple[float, float, float | None, list[str]]:
+    """(score, tone contrast, class match or None, notes) over the positions not in `skip`."""
     n = min(len(upper), len(lower))
-    tone_pairs = [(upper[i], lower[i]) for i in rhythm_positions(n) if i < n]
-    contrasts = [tone_class(a) is not None and tone_class(b) is not None and tone_class(a) != tone_class(b)
-                 for a, b in tone_pairs]
+    contrasts = _tone_contrasts(upper, lower, [i for i in rhythm_positions(n) if i < n and i not in skip])
     tone_score = sum(contrasts) / len(contrasts) if contrasts else 0.0
     matched, compared, notes = 0, 0, []
-    for a, b in zip(upper, lower, strict=False):
+    for i, (a, b) in enumerate(zip(upper, lower, strict=False)):
         ca, cb = CLASS_OF.get(a), CLASS_OF.get(b)
-        if ca or cb:
+        if i not in skip and (ca or cb):
             compared += 1
             if ca == cb:
                 matched += 1
                 notes.append(f"「{a}」对「{b}」（{ca}）")
     class_score = matched / compared if compared else None
     score = tone_score if class_score is None else 0.6 * tone_score + 0.4 * class_score
-    return {"score": round(score, 4), "tone_contrast": round(tone_score, 4),
-            "class_match": None if class_score is None else round(class_score, 4), "pairs": notes}
+    return score, tone_score, class_score, notes
 
+
+def parallelism(upper: str, lower: str, given: frozenset[int] = frozenset()) -> dict[str, Any]:
+    """The 对仗 score and the evidence behind it.
+
+    `given`: 0-based positions where both lines hold a character the visitor gave (the keywords' halves at the
+    heads: 人工 / 智能). No writer chooses those pairs, so beside the score over every position, `written` is
+    the score over the others, and `given_clash` lists the given rhythm positions whose tones cannot contrast
+    (工 and 能 both 平 at the 2nd character): the keywords' own 失对, which decoding cannot mend.
+    """
+    score, tone_score, class_score, notes = _score(upper, lower)
+    out: dict[str, Any] = {"score": round(score, 4), "tone_contrast": round(tone_score, 4),
+                           "class_match": None if class_score is None else round(class_score, 4), "pairs": notes}
+    n = min(len(upper), len(lower))
+    given = frozenset(i for i in given if i < n)
+    written = _score(upper, lower, given)[0] if given else score
+    clash = [i for i in rhythm_positions(n)[:-1] if i in given and not _tone_contrasts(upper, lower, [i])[0]]
+    return {**out, "written": round(written, 4), "given_clash": clash}
+
+
+def keyword_positions(upper: str, lower: str, keywords: str) -> frozenset[int]:
+    """Positions where both lines hold a keyword character. The decoding fixes each keyword character at its
+    place and never writes it a second time, so these are exactly the pairs the placement set."""
+    chars = set(keywords)
+    return frozenset(i for i, (a, b) in enumerate(zip(upper, lower, strict=False)) if a in chars and b in chars)
 
 def check_couplet(upper: str, lower: str, hengpi: str = "", keywords: str = "",
                   given_upper: bool = False) -> dict[str, Any]:
@@ -93,10 +119,12 @@ def check_couplet(upper: str, lower: str, hengpi: str = "", keywords: str = "",
     checks["same_position"] = {"ok": not same, "positions": same,
                                "message": "上下联同位无重字" if not same else
                                "同位重字：第 " + "、".join(map(str, same)) + " 字上下联相同，对仗偷懒"}
-    par = parallelism(upper, lower)
+    par = parallelism(upper, lower, keyword_positions(upper, lower, "" if given_upper else keywords))
+    clash = "、".join(f"第 {i + 1} 字「{upper[i]}」对「{lower[i]}」平仄不能相对" for i in par["given_clash"])
     checks["parallelism"] = {**par, "message": f"对仗得分 {par['score']:.2f}（平仄相对 {par['tone_contrast']:.2f}"
                              + (f"，词类相对 {par['class_match']:.2f}" if par["class_match"] is not None else "")
-                             + "）"}
+                             + "）" + (f"；{clash}，为关键词所定（嵌字所限），其余各字得分 {par['written']:.2f}"
+                                      if clash else "")}
     hard = ("length", "han_only", "tones", "keywords", "same_position")
     checks["given_upper"] = given_upper
     checks["passed"] = all(checks[k]["ok"] for k in hard)

@@ -6,11 +6,15 @@ import json
 import math
 import random
 
+from pathlib import Path
+
+import pytest
 import torch
 
 from couplet.models.tokenizer import FormatIds
 from couplet.training.context import ContextSampler, ContextTrainConfig, batch, main
 from couplet.training.corpus import Pair
+from couplet.training.pairs import PRESETS
 from couplet.writing.exemplars import STORE, load_store, read_store
 from couplet.writing.lexicon import style_of
 from couplet.writing.prompt import house_ids
@@ -69,8 +73,11 @@ def test_a_tiny_run_checkpoints_and_resumes(tmp_path, tiny_checkpoint):
     assert state["step"] == second["steps"]
 
 
-def test_train_gpu_script_rehearses_on_cpu(tmp_path):
-    """scripts/train_gpu.sh at toy size on CPU (its rehearsal): trains, saves a loadable model, writes a couplet."""
+@pytest.mark.parametrize("start", ["scratch", "continue"])
+def test_train_gpu_script_rehearses_on_cpu(tmp_path, start):
+    """scripts/train_gpu.sh at toy size on CPU (its rehearsal): trains, saves a loadable model, writes a couplet.
+    From scratch, stage 1 builds a new model of its own shape (the toy's: 2 layers) that the long prompt stage
+    then continues; `continue` starts from the shipped model and keeps its shape."""
     import os
     import subprocess
 
@@ -79,14 +86,23 @@ def test_train_gpu_script_rehearses_on_cpu(tmp_path):
         f"{p.upper}\t{p.lower}\ttang\t{p.kind}\n" for p in _pairs()), encoding="utf-8")
     out = tmp_path / "run"
     env = {**os.environ, "DATA": str(data), "TRAIN_GPU_DEVICE": "cpu", "TRAIN_GPU_QUICK": "1",
-           "TRAIN_GPU_MINUTES": "0.05"}
+           "TRAIN_GPU_MINUTES": "0.08" if start == "scratch" else "0.05", "TRAIN_GPU_FROM": start}
     done = subprocess.run(["bash", "scripts/train_gpu.sh", str(out)], env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert (out / "model" / "model.safetensors").exists() and (out / "state.pt").exists()
     log = (out / "train_gpu.log").read_text(encoding="utf-8")
     assert "=== done" in log and log.count("passed") == 2  # both check couplets pass the rules
-    assert json.loads((out / "model" / "training.json").read_text(encoding="utf-8"))["config"]["device"] == "cpu"
+    stats = json.loads((out / "model" / "training.json").read_text(encoding="utf-8"))
+    assert stats["config"]["device"] == "cpu"
+    layers = json.loads((out / "model" / "config.json").read_text(encoding="utf-8"))["num_hidden_layers"]
+    if start == "scratch":
+        stage1 = json.loads((out / "stage1" / "training.json").read_text(encoding="utf-8"))
+        assert stage1["steps_taken"] > 0 and stage1["config"]["minutes"] > 0  # a wall-time budget, not steps
+        assert stats["config"]["init"] == str(out / "stage1") and layers == PRESETS["tiny"].num_hidden_layers
+    else:
+        assert stats["config"]["init"] == "assets/model" and "stage1" not in {p.name for p in out.iterdir()}
+        assert layers == json.loads(Path("assets/model/config.json").read_text(encoding="utf-8"))["num_hidden_layers"]
 
 
 def test_the_format_ablation_trains_both_formats_and_scores_them_on_one_figure(tmp_path, embedded_lm):

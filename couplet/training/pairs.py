@@ -3,7 +3,9 @@
     python -m couplet.training.pairs --data ../shared/data/couplets_train.tsv.xz --out assets/model
 
 Runs on CPU (float32) in about an hour on 2 cores with the default preset; reproducible from
-`--seed` (same data order, same initialisation). Progress shows loss, tokens/s and ETA; the held-out
+`--seed` (same data order, same initialisation). `--device cuda --bf16 --minutes M` is the GPU run from scratch
+of `scripts/train_gpu.sh` (`TRAIN_GPU_FROM=scratch`): with a wall-time budget the cosine schedule runs on the
+time spent, as `couplet.training.context`'s does, and `--steps` is ignored. Progress shows loss, tokens/s and ETA; the held-out
 `lvshi_mid` NLL (nats per character of 下联 given 上联) is evaluated periodically and at the end.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import json
 import math
 import random
@@ -83,6 +86,8 @@ class TrainConfig:
     threads: int = 2
     bf16: bool = False  # bf16 autocast: 1.7 s a step in float32 against 59 s with it on this torch's CPU (measured)
     limit_rows: int | None = None  # for smoke runs
+    device: str = "cpu"  # "cuda": `scripts/train_gpu.sh` with TRAIN_GPU_FROM=scratch
+    minutes: float = 0.0  # > 0: train for this wall time (the schedule follows it) instead of `steps` steps
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
@@ -91,14 +96,18 @@ class TrainConfig:
             raise ValueError(f"unknown format {self.format!r}; choose from {tuple(FORMATS)}")
         if set(self.mix) - set(KINDS):
             raise ValueError(f"mix keys must be among {KINDS}")
+        if self.minutes < 0:
+            raise ValueError(f"minutes must be positive (or 0: run --steps), got {self.minutes}")
 
 
-def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warm-up, then cosine decay to 10% of the peak."""
+def lr_at(step: int, cfg: TrainConfig, progress: float | None = None) -> float:
+    """Linear warm-up over `warmup` steps, then cosine decay to 10% of the peak; `progress` in [0, 1] is the share
+    of the budget spent (a wall-time budget), else the share of `steps` after the warm-up."""
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
-    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+    if progress is None:
+        progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
 def save(model: LlamaForCausalLM, tok, out: Path, stats: dict) -> None:
@@ -135,6 +144,7 @@ def main(cfg: TrainConfig) -> dict:
     vocab = tok.get_vocab()
     ids = {t: vocab[t] for t in SPECIAL_TOKENS}
     model = LlamaForCausalLM(PRESETS[cfg.preset].llama_config(len(vocab)))
+    model.to(cfg.device)  # type: ignore[arg-type]  # transformers' stub types .to's argument as a model
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {n_params / 1e6:.2f}M parameters, vocabulary {len(vocab)}", file=sys.stderr)
 
@@ -151,6 +161,10 @@ def main(cfg: TrainConfig) -> dict:
     def evaluate(step: int) -> float:
         """The held-out NLL of 下联 given 上联 (the lines format's figure); both formats also record the
         joint NLL of the couplet (`joint_nll`), the one figure that compares them, and report it as theirs."""
+        if not eval_set:  # a toy corpus may hold no held-out pair (1% by hash)
+            history.append({"step": step, "val_nll_per_char": None, "joint_nll_per_char": None,
+                            "minutes": round((time.time() - t0) / 60, 1)})
+            return math.nan
         model.eval()
         joint = joint_nll(model, tok, eval_set, cfg.format)
         nll = sum(lower_line_nll(model, tok, eval_set)) / len(eval_set) if cfg.format == "lines" else joint
@@ -160,38 +174,45 @@ def main(cfg: TrainConfig) -> dict:
         return nll
 
     def stats(val: float) -> dict:
-        return {"config": asdict(cfg), "parameters": n_params, "vocab_size": len(vocab),
+        return {"config": asdict(cfg), "steps_taken": done, "parameters": n_params, "vocab_size": len(vocab),
                 "tokens_seen": tokens_seen, "train_minutes": round((time.time() - t0) / 60, 1),
                 "heldout_pairs": len(heldout), "val_pairs": len(eval_set),
-                "val_nll_per_char": round(val, 4), "history": history,
+                "val_nll_per_char": None if math.isnan(val) else round(val, 4), "history": history,
                 "data_source": "chinese-poetry/chinese-poetry (MIT), Tang and Song poems"}
 
     model.train()
-    bar = tqdm(range(cfg.steps), desc="train", dynamic_ncols=True, file=sys.stderr, mininterval=5)
+    budget = cfg.minutes * 60
+    bar = tqdm(itertools.count() if budget else range(cfg.steps), total=None if budget else cfg.steps,
+               desc="train", dynamic_ncols=True, file=sys.stderr, mininterval=5)
     t_tok = time.time()
     ema = None
     build = FORMATS[cfg.format]  # the training sequence of one pair
+    done = 0  # steps taken
     for step in bar:
+        spent = time.time() - t_tok
+        if budget and spent >= budget:
+            break
         chosen = rng.choices(kinds, weights, k=cfg.batch_size)
         pairs = [rng.choice(by_kind[k]) for k in chosen]
         seqs = [build(tok, sample_keywords(p, rng), p.upper, p.lower) for p in pairs]
-        inputs, labels = make_batch(seqs, ids["<pad>"], ids["<sep>"])
+        inputs, labels = (t.to(cfg.device) for t in make_batch(seqs, ids["<pad>"], ids["<sep>"]))
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+            group["lr"] = lr_at(step, cfg, spent / budget if budget else None)
+        with torch.autocast(torch.device(cfg.device).type, dtype=torch.bfloat16, enabled=cfg.bf16):
             loss = model(input_ids=inputs, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        done = step + 1
         tokens_seen += int((labels != -100).sum())
         ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
-        bar.set_postfix(loss=f"{ema:.3f}", tok_s=f"{tokens_seen / (time.time() - t_tok):.0f}")
-        if (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
-            val = evaluate(step + 1)
-            bar.write(f"step {step + 1}: held-out NLL {val:.3f} nats/char")
+        bar.set_postfix(loss=f"{ema:.3f}", tok_s=f"{tokens_seen / (time.time() - t_tok):.0f}", refresh=False)
+        if done % cfg.eval_every == 0 and (budget or done < cfg.steps):
+            val = evaluate(done)
+            bar.write(f"step {done}: held-out NLL {val:.3f} nats/char")
             save(model, tok, Path(cfg.out), stats(val))
-    val = evaluate(cfg.steps)
+    val = evaluate(done)
     result = stats(val)
     save(model, tok, Path(cfg.out), result)
     what = "下联 given 上联" if cfg.format == "lines" else "both lines, interleaved"
@@ -213,7 +234,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     defaults = TrainConfig(data="")
     p.add_argument("--data", required=True, help="path to couplets_train.tsv.xz (read, never copied)")
     add_config_args(p, defaults, ("out", "preset", "format", "vocab_size", "steps", "batch_size", "lr", "warmup",
-                                  "eval_every", "eval_pairs", "seed", "threads", "limit_rows"))
+                                  "eval_every", "eval_pairs", "seed", "threads", "limit_rows", "device", "minutes"))
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (for a GPU; far slower on CPU)")
     p.add_argument("--no-bf16", dest="bf16", action="store_false", help="float32 (the default)")
     return TrainConfig(**vars(p.parse_args(argv)))

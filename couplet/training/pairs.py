@@ -5,8 +5,8 @@
 Runs on CPU (float32) in about an hour on 2 cores with the default preset; reproducible from
 `--seed` (same data order, same initialisation). `--device cuda --bf16 --minutes M` is the GPU run from scratch
 of `scripts/train_gpu.sh` (`TRAIN_GPU_FROM=scratch`): with a wall-time budget the cosine schedule runs on the
-time spent, as `couplet.training.context`'s does, and `--steps` is ignored. Progress shows loss, tokens/s and ETA; the held-out
-`lvshi_mid` NLL (nats per character of 下联 given 上联) is evaluated periodically and at the end.
+time spent, as `couplet.training.context`'s does, and `--steps` is ignored. Progress shows loss, tokens/s and
+ETA; the held-out `lvshi_mid` NLL (nats per character of 下联 given 上联) is evaluated periodically and at the end.
 """
 
 from __future__ import annotations

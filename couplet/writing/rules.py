@@ -38,6 +38,7 @@ def rhythm_positions(length: int) -> list[int]:
 
 
 def _tone_contrasts(upper: str, lower: str, positions: list[int]) -> list[bool]:
+    """Per position: do the two lines' characters have opposite tones (both known)?"""
     return [tone_class(upper[i]) is not None and tone_class(lower[i]) is not None
             and tone_class(upper[i]) != tone_class(lower[i]) for i in positions]
 
@@ -83,6 +84,7 @@ def keyword_positions(upper: str, lower: str, keywords: str) -> frozenset[int]:
     place and never writes it a second time, so these are exactly the pairs the placement set."""
     chars = set(keywords)
     return frozenset(i for i, (a, b) in enumerate(zip(upper, lower, strict=False)) if a in chars and b in chars)
+
 
 def check_couplet(upper: str, lower: str, hengpi: str = "", keywords: str = "",
                   given_upper: bool = False) -> dict[str, Any]:

@@ -128,6 +128,44 @@ def test_cancelled_requests_end_and_release_what_they_held(embedded_lm) -> None:
         assert st.pool_used_bytes == 0 < st.pool_bytes and st.full_bytes == 0  # the blocks stay, as cache
 
 
+def test_an_idle_engine_never_shows_bytes_held(embedded_lm, monkeypatch) -> None:
+    """While waves start and end, `stats()` never shows an idle engine (nothing in flight or waiting) still
+    holding reservations, KV or pool references: a wave leaves `in_flight` only once what it held is returned
+    (before, it left first, and a test that waited for idle could read its reservation a moment later). Closing
+    a wave's cache is made 50 ms slower, so that a watcher polling every half millisecond sees that window."""
+    import threading
+
+    from couplet.serving.generate import Decoding
+
+    real_close = Decoding.close
+
+    def slow_close(self: Decoding) -> None:
+        time.sleep(0.05)
+        real_close(self)
+
+    monkeypatch.setattr(Decoding, "close", slow_close)
+    seen: list = []
+    stop = threading.Event()
+
+    def watch(engine: Engine) -> None:
+        while not stop.wait(0.0005):  # every half millisecond, leaving the engine the GIL and its lock
+            st = engine.stats()
+            if st.in_flight == 0 and st.waiting == 0 and (st.reserved_bytes or st.kv_bytes or st.pool_refs):
+                seen.append(st)
+
+    with Engine(embedded_lm, EngineConfig(kv_budget_mb=64, pool_mb=8)) as engine:
+        watcher = threading.Thread(target=watch, args=(engine,))
+        watcher.start()
+        try:
+            for mode in ("full", "shared", "combo"):  # one request at a time: the engine goes idle between them
+                for t in [engine.submit(CoupletRequest("春风"), mode) for _ in range(2)]:
+                    assert list(t)[-1].result is not None
+        finally:
+            stop.set()
+            watcher.join()
+    assert seen == []
+
+
 def test_the_finisher_chooses_the_hengpi_after_the_cache_is_released(embedded_lm) -> None:
     """A wave's couplets written, its cache and reservation are returned at once; each row's 横批 is chosen on
     the finisher's thread and its last Progress arrives with the result, every step's Progress exactly once."""

@@ -1,4 +1,4 @@
-"""What a visitor gets: the page's request (temperature 0.6, top-p 0.9) on a keyword list, one seed at a time, as
+"""What a visitor gets: the page's request (its default temperature, top-p 0.9) on a keyword list, a seed at a time, as
 one draft and with 择优 (best of 4), both under `shared` (lossless; the pool keeps the house prefix, as on the page).
 
     python scripts/best_of_page.py assets/outside_keywords.txt [--seeds 1 2]

@@ -53,7 +53,6 @@ class StepRecord:
         return asdict(self)
 
 
-
 def peak_owned_bytes(steps: Iterable[StepRecord]) -> int:
     """The most KV a request held on its own over its steps (its share of pooled prefix blocks left out)."""
     return max((s.kv_bytes for s in steps), default=0)

@@ -80,7 +80,7 @@ class Engine(Admission):
         self._peak_in_flight = 0
         self._forwards = self._rounds = self._steps = self._step_rounds = 0
         self._finishing = 0
-        self._closing = 0  # rows of waves out of `_waves` whose cache, pool blocks and reservations are being returned
+        self._closing = 0  # rows of waves out of `_waves` not yet returned (cache, pool, reservation): in flight
         self._lock = threading.Condition()
         self._closed = False
         # (the row's result maker, `Decoding.finisher`; its ticket; its last Progress) for the finisher, and for
@@ -174,7 +174,6 @@ class Engine(Admission):
             # references (or leases) its pool blocks before its tokens are counted
             started = [w for w in self._waves if w.started]
             blocks = {id(b): b for w in started for b in w.decoding.pool_blocks()}  # each block once
-            # a row whose wave is closing is still in flight: what it holds is not returned yet
             return EngineStats(len(tickets) + self._closing, len(self._waiting), self._reserved, kv, self.pool.nbytes,
                                self.pool.total_refs(), self._peak_in_flight, self._peak_reserved,
                                self._forwards, self._rounds, self._finishing,
@@ -354,7 +353,7 @@ class Engine(Admission):
         rows still wanted go to the finisher for their 横批; every other ticket ends here, with `error`."""
         with self._lock:  # out of `stats()` first: its tickets' bytes and its pool blocks leave together
             self._waves.remove(wave)
-            self._closing += len(wave.tickets)  # in flight until their reservations are returned below
+            self._closing += len(wave.tickets)
         wave.decoding.close()
         if wave.lease is not None:  # ended before its prefill
             self.pool.end_lease(wave.lease)

@@ -1,11 +1,14 @@
 """The evaluation harness end to end on the tiny checkpoint: the documented keys, sane values."""
 
 import json
+import statistics
 
 import pytest
 
 from couplet.bench.quality import EvalConfig, main, parse_args
-from couplet.kvcache import MODE_INFO, MODES
+from couplet.kvcache import MODE_INFO, MODES, PrefixPool
+from couplet.serving.best_of import BestOf, best_of
+from couplet.serving.generate import CoupletRequest
 
 
 @pytest.fixture()
@@ -138,3 +141,16 @@ def test_best_of_reports_each_phrase_best_draft_and_is_full_only(tiny_checkpoint
         assert drafts[0]["score"] == max(d["score"] for d in drafts if d["score"] is not None)
     with pytest.raises(ValueError, match="full cache alone"):
         main(EvalConfig(str(keyword_file), modes=["full", "int8"], model=str(tiny_checkpoint), best_of=2))
+
+
+def test_best_of_samples_each_couplet_as_the_page_does(tiny_checkpoint, tiny_lm, keyword_file):
+    """With a temperature, the sampled couplets are the best of the drafts too (the page's 择优: the drafts sample
+    at the request's own temperature): the report's sampled figures are `best_of`'s own at each seed."""
+    cfg = parse_args(["--keywords", str(keyword_file), "--model", str(tiny_checkpoint), "--seeds", "2",
+                      "--temperature", "0.6", "--dtype", "float32", "--best-of", "3"])
+    sampled = main(cfg)["sampled"]
+    per_seed = [[best_of(tiny_lm, CoupletRequest(p, cfg.length, temperature=0.6, top_p=0.9, seed=s), BestOf(n=3),
+                         "full", PrefixPool(), cfg.prompt, cfg.voice) for p in ("龙马", "春风", "福")] for s in (0, 1)]
+    assert sampled["parallelism"] == pytest.approx(
+        statistics.fmean(statistics.fmean(r.checks["parallelism"]["score"] for r in rs) for rs in per_seed))
+    assert all(len(r.candidates) == 3 for rs in per_seed for r in rs)

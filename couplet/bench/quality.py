@@ -178,6 +178,14 @@ def steer_report(lm: LoadedModel, cfg: EvalConfig, phrases: list[str], pairs: li
     return out
 
 
+def write(lm: LoadedModel, request: CoupletRequest, cfg: EvalConfig, pool: PrefixPool) -> CoupletResult:
+    """One phrase's couplet under `full`, as the harness is asked to write it: one draft, or the best of
+    `cfg.best_of` (greedy or sampled alike: the drafts sample at the request's own temperature, as on the page)."""
+    if cfg.best_of == 1:
+        return generate(lm, request, "full", pool, cfg.prompt, cfg.voice)
+    return best_of(lm, request, BestOf(n=cfg.best_of), "full", pool, cfg.prompt, cfg.voice)
+
+
 def base_report(lm: LoadedModel, cfg: EvalConfig, phrases: list[str], pool: PrefixPool) -> tuple[dict, dict]:
     """Greedy and sampled couplets under `full`: the foundation issue's figures."""
     greedy: dict[str, CoupletResult] = {}
@@ -188,15 +196,13 @@ def base_report(lm: LoadedModel, cfg: EvalConfig, phrases: list[str], pool: Pref
     for phrase in phrases:
         try:
             t0 = time.perf_counter()
-            request = CoupletRequest(phrase, cfg.length)
-            greedy[phrase] = generate(lm, request, "full", pool, cfg.prompt, cfg.voice) if cfg.best_of == 1 else \
-                best_of(lm, request, BestOf(n=cfg.best_of), "full", pool, cfg.prompt, cfg.voice)
+            greedy[phrase] = write(lm, CoupletRequest(phrase, cfg.length), cfg, pool)
             seconds.append(time.perf_counter() - t0)
         except CoupletInputError as e:
             errors[phrase] = str(e)
             continue
-        drawn = [generate(lm, CoupletRequest(phrase, cfg.length, temperature=cfg.temperature, top_p=cfg.top_p,
-                                             seed=s), "full", pool, cfg.prompt, cfg.voice) for s in range(cfg.seeds)]
+        drawn = [write(lm, CoupletRequest(phrase, cfg.length, temperature=cfg.temperature, top_p=cfg.top_p, seed=s),
+                       cfg, pool) for s in range(cfg.seeds)]
         sampled.append(drawn)
         distinct += len({(r.upper, r.lower) for r in drawn}) >= 2
     results = list(greedy.values())
@@ -366,7 +372,8 @@ def parse_args(argv: list[str] | None = None) -> EvalConfig:
     p.add_argument("--steer", action="store_true", help="festive house prefix vs random corpus couplets (--pairs)")
     p.add_argument("--duixia", type=int, default=500, help="held-out 上联 for 对下联 (with --pairs; 0: skip)")
     p.add_argument("--best-of", type=int, default=1, metavar="N",
-                   help="each phrase's couplet is the best of N drafts by 对仗 and likelihood (full cache only)")
+                   help="each couplet, greedy and sampled, is the best of N drafts by 对仗 and likelihood "
+                        "(full cache only)")
     p.add_argument("--floor-dtype", choices=("float32", "bfloat16", "float16"), default=None,
                    help="also run full at this dtype against full at --dtype (the rounding floor)")
     args = vars(p.parse_args(argv))

@@ -3,6 +3,7 @@ own, the best by the documented score is the one shown, and bad input is refused
 
 import json
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -73,6 +74,19 @@ def test_drafts_share_the_prompt_in_the_prefix_pool_and_write_what_full_writes(e
     assert [(d["upper"], d["lower"]) for d in shared.candidates] == [(d["upper"], d["lower"]) for d in full.candidates]
     assert shared.peak_shared_bytes > 0 and shared.peak_owned_bytes < full.peak_bytes
     assert pool.total_refs() == 0
+
+
+@pytest.mark.parametrize(("asked", "drafts"), [(0.0, 0.8), (0.45, 0.8), (1.2, 1.2)])
+def test_drafts_sample_at_least_as_hot_as_best_of_asks(asked, drafts):
+    """Draft 0 is the request as asked; the others sample at BestOf's temperature, or the request's if hotter
+    (at the page's 0.45 the drafts came back to the same stock runs), each with its own seed."""
+    request = CoupletRequest("龙马精神", temperature=asked, top_p=0.9 if asked else 1.0, seed=3)
+    first, *rest = draft_requests(request, BestOf(n=4))
+    assert first == request
+    assert [(r.temperature, r.top_p) for r in rest] == [(drafts, 0.9)] * 3
+    assert len({r.seed for r in rest}) == 3
+    other_seed = draft_requests(replace(request, seed=4), BestOf(n=4))[1:]
+    assert (other_seed == rest) is (asked == 0.0)  # greedy ignores the seed: its drafts too
 
 
 @pytest.mark.parametrize("n", [0, 17])

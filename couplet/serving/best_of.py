@@ -5,9 +5,9 @@
     result.candidates                              # every draft with its scores, the chosen one first
 
 Row 0 is the request itself (greedy unless it asks for sampling), rows 1..n-1 are sampled at `BestOf`'s
-temperature and top-p, each with its own seed, so the drafts differ and best-of-1 is exactly `generate`. The
-rows decode side by side in one `Decoding` (one forward per step for all of them; a row's couplet does not depend
-on the others, tested). Each draft is scored by
+temperature (or the request's, if hotter) and top-p, each with its own seed, so the drafts differ and best-of-1
+is exactly `generate`. The rows decode side by side in one `Decoding` (one forward per step for all of them; a
+row's couplet does not depend on the others, tested). Each draft is scored by
 
     score = 对仗 (`couplet.writing.rules.parallelism`, in [0, 1]) + weight × mean log p(character)
 
@@ -37,7 +37,7 @@ from couplet.kvcache import PrefixPool
 from couplet.models.loading import LoadedModel
 from couplet.serving.generate import Decoding
 from couplet.serving.progress import Progress
-from couplet.serving.request import CoupletRequest, prepare
+from couplet.serving.request import CoupletRequest, Prepared, prepare
 from couplet.writing.lexicon import DEFAULT_VOICE, VoiceConfig
 from couplet.writing.prompt import DEFAULT_PROMPT, PromptConfig
 from couplet.writing.rules import check_couplet
@@ -65,11 +65,24 @@ class BestOf:
 
 
 def draft_requests(request: CoupletRequest, best: BestOf) -> list[CoupletRequest]:
-    """Draft 0 is the request itself; the others sample (at the request's own temperature if it samples)."""
-    temperature = request.temperature or best.temperature
+    """Draft 0 is the request itself; the others sample at `best.temperature`, or at the request's own where it
+    samples hotter: the drafts are there to offer the ranking other couplets (at the page's 0.45 they came back
+    to the same stock runs: docs/results/quality.md, "Best-of-N")."""
+    temperature = max(request.temperature, best.temperature)
     top_p = request.top_p if request.temperature else best.top_p
-    return [request] + [replace(request, temperature=temperature, top_p=top_p, seed=request.seed * MAX_DRAFTS + i)
+    # a greedy request ignores its seed, and so do its drafts: the same keywords, the same couplet (the page's
+    # promise for temperature 0)
+    seed = request.seed if request.temperature else 0
+    return [request] + [replace(request, temperature=temperature, top_p=top_p, seed=seed * MAX_DRAFTS + i)
                         for i in range(1, best.n)]
+
+
+def prepared_drafts(lm: LoadedModel, request: CoupletRequest, best: BestOf | None, prompt: PromptConfig,
+                    voice: VoiceConfig) -> tuple[list[CoupletRequest], list[Prepared]]:
+    """The engine's drafts (`best` None: the request alone), each request with its prepared prompt. Drafts 1..n-1
+    are prepared without a 横批: only the chosen one gets one (`drafted`'s crown), a scoring forward per couplet."""
+    requests = draft_requests(request, best) if best is not None else [request]
+    return requests, [replace(prepare(lm, r, prompt, voice), hengpi=i == 0) for i, r in enumerate(requests)]
 
 
 def draft_score(checks: dict[str, Any], logprobs: list[float], weight: float) -> float:

@@ -49,13 +49,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import replace
 
 from couplet.events import CoupletResult
 from couplet.kvcache import KVGeometry, PrefixPool, make_mode, parse_modes
 from couplet.models.loading import LoadedModel
 from couplet.serving.admission import Admission
-from couplet.serving.best_of import BestOf, draft_requests, drafted
+from couplet.serving.best_of import BestOf, drafted, prepared_drafts
 from couplet.serving.generate import CoupletRequest, Prepared, crown, prepare
 from couplet.serving.progress import Progress, Round, lockstep
 from couplet.serving.tickets import BUSY_MESSAGE, MB, EngineBusy, EngineConfig, EngineStats, Ticket, Wave
@@ -130,9 +129,7 @@ class Engine(Admission):
         n drafts: draft 0 first, the others submitted once it is prefilled (they join its running batch and,
         with a pool, share the prompt's blocks, as vLLM's parallel sampling `n` does); the mode's stream is
         draft 0's, and its last Progress the best draft's (`best_of.drafted`)."""
-        requests = draft_requests(request, best) if best is not None else [request]
-        # drafts 1..n-1 end without a 横批: only the chosen one gets one (`drafted`'s crown)
-        preps = [replace(prepare(self.lm, r, prompt, voice), hengpi=i == 0) for i, r in enumerate(requests)]
+        requests, preps = prepared_drafts(self.lm, request, best, prompt, voice)
         tickets: list[Ticket] = []
         streams: dict[str, Iterator[Progress]] = {}
         try:

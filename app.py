@@ -40,7 +40,6 @@ from couplet.page.charts import (
 from couplet.page.gate import ASSETS_DIR, FONT_PATH, gate_css, render_gate
 from couplet.page.printing import PAPERS_MM, PrintConfig, glyphs, print_set
 from couplet.page.share import (
-    DEFAULT_BEST,
     DEFAULT_MODES,
     DEFAULT_TEMPERATURE,
     MAX_SEED,
@@ -79,7 +78,7 @@ QUEUE_SIZE = 64  # visitors waiting before the page says "busy"
 # Visitors whose handlers run at once. They do not compute: each hands its request (one per selected mode) to
 # the engine, whose one worker batches them (`couplet.serving.engine`) and admits them by KV budget.
 CONCURRENCY = 16
-PAGE_BEST_OF = BestOf(n=4)  # 择优 (ticked by default): the drafts per mode (docs/results/quality.md#best-of-n)
+PAGE_BEST_OF = BestOf(n=4)  # 择优: the drafts per mode when the visitor ticks it (docs/results/quality.md#best-of-n)
 KV_BUDGET_MB = float(os.environ.get("COUPLET_KV_BUDGET_MB", "64"))
 # Intra-op threads per torch call. Decoding one character of a 6M-parameter model is far too small to split
 # across cores; with several threads per call, CONCURRENCY requests (or any other busy process) oversubscribe
@@ -180,7 +179,7 @@ def _outputs(gate: str, checks: str, records: dict[str, list[StepRecord]], table
 
 
 def write_couplet(keywords: str, length: int, acrostic: bool, temperature: float, seed: float, year: float,
-                  modes: list[str], best: bool = DEFAULT_BEST) -> Iterator[tuple]:
+                  modes: list[str], best: bool = False) -> Iterator[tuple]:
     """Stream one couplet per selected mode, all on the same keywords and seed, step by step (`best`: each mode
     writes PAGE_BEST_OF.n drafts, the first streamed, the best shown at the end)."""
     yield from _stream(lambda t, s: CoupletRequest(keywords or "", int(length), bool(acrostic), t,
@@ -189,7 +188,7 @@ def write_couplet(keywords: str, length: int, acrostic: bool, temperature: float
 
 
 def write_duixia(upper: str, temperature: float, seed: float, year: float, modes: list[str],
-                 best: bool = DEFAULT_BEST) -> Iterator[tuple]:
+                 best: bool = False) -> Iterator[tuple]:
     """对下联: the visitor's 上联, the model's 下联 and 横批; the same stream as `write_couplet`."""
     yield from _stream(lambda t, s: CoupletRequest("", temperature=t, top_p=1.0 if not t else 0.9, seed=s,
                                                    upper=upper or "", task="duixia"), temperature, seed, year, modes,
@@ -526,9 +525,8 @@ def build_app() -> gr.Blocks:
                         # write_couplet runs; write_couplet falls back to the default year with a Chinese message
                         year = gr.Number(DEFAULT_YEAR, precision=0, label=f"年份（{MIN_YEAR}–{MAX_YEAR}）",
                                          elem_id="year")
-                    best = gr.Checkbox(DEFAULT_BEST, elem_id="best-of",
-                                       label=f"择优：每种模式同写 {PAGE_BEST_OF.n} 稿，门开时留对仗与文气最佳的一副"
-                                             "（取消则只写一稿，门开得更快）")
+                    best = gr.Checkbox(False, elem_id="best-of",
+                                       label=f"择优：每种模式同写 {PAGE_BEST_OF.n} 稿，留对仗与文气最佳的一副（稍慢）")
                 with gr.Accordion("KV 缓存模式", open=True, elem_id="modes-fold"):
                     modes = gr.CheckboxGroup(mode_choices, value=default_modes(), elem_id="modes",
                                              label="KV 缓存模式（同一关键词、同一种子）", show_label=False)

@@ -46,10 +46,9 @@ def client(live_app: str) -> Client:
 
 
 def args(keywords: str, length: int = 7, acrostic: bool = False, temperature: float = 0.0, seed: int = 0,
-         year: int | None = DEFAULT_YEAR, modes: list[str] | None = None, best: bool = False) -> tuple:
-    """The endpoint's inputs in order: keywords, length, acrostic, temperature, seed, year, modes, 择优 (one draft
-    here unless asked: the box the page ticks has a test of its own)."""
-    return keywords, length, acrostic, temperature, seed, year, list(ALL_MODES if modes is None else modes), best
+         year: int | None = DEFAULT_YEAR, modes: list[str] | None = None) -> tuple:
+    """The endpoint's inputs in order: keywords, length, acrostic, temperature, seed, year, modes."""
+    return keywords, length, acrostic, temperature, seed, year, list(ALL_MODES if modes is None else modes)
 
 
 def couplet(client: Client, *a, **kw) -> tuple:
@@ -277,7 +276,7 @@ def test_static_route_serves_the_font_and_nothing_outside_assets(live_app):
 def duixia(client: Client, upper: str, temperature: float = 0.0, seed: int = 0,
            modes: list[str] | None = None) -> tuple:
     """`/duixia`: upper, temperature, seed, year, modes."""
-    return client.predict(upper, temperature, seed, DEFAULT_YEAR, list(modes or ["full"]), False, api_name="/duixia")
+    return client.predict(upper, temperature, seed, DEFAULT_YEAR, list(modes or ["full"]), api_name="/duixia")
 
 
 @pytest.mark.parametrize("temperature,seed,note", [
@@ -398,15 +397,14 @@ def test_print_refuses_bad_texts_with_a_chinese_message(client, texts, message):
 
 def test_best_of_shows_the_best_draft_of_each_mode_and_its_note(client):
     """择优 ticked: each mode writes PAGE_BEST_OF.n drafts in the engine; the gate, the checks and the payload show
-    the best one, the note says which draft, and a client that leaves the box out gets them too (the page ticks
-    it), where one that unticks it gets one draft."""
+    the best one, the note says which draft, and a client that leaves the box out gets one draft (the default)."""
     from app import PAGE_BEST_OF
     from couplet.page.share import DEFAULT_TEMPERATURE
 
     one = couplet(client, "人工智能", temperature=DEFAULT_TEMPERATURE, seed=5, modes=["full", "shared"])
-    out = client.predict(*args("人工智能", temperature=DEFAULT_TEMPERATURE, seed=5, modes=["full", "shared"])[:-1],
-                         api_name="/couplet")  # the box left out: the page's default, ticked
-    assert all("candidates" not in r for r in one[RESULTS])  # unticked: one draft
+    out = client.predict(*args("人工智能", temperature=DEFAULT_TEMPERATURE, seed=5, modes=["full", "shared"]), True,
+                         api_name="/couplet")
+    assert all("candidates" not in r for r in one[RESULTS])  # the box's default: off
     full, shared = out[RESULTS]
     assert len(full["candidates"]) == PAGE_BEST_OF.n and full["checks"]["passed"]
     scores = [c["score"] for c in full["candidates"] if c["score"] is not None]

@@ -252,13 +252,13 @@ def test_the_page_shows_a_chinese_message_when_vllm_is_down_and_stays_usable(mon
     demo = app.serve(port=0)
     try:
         client = Client(demo.local_url, verbose=False)
-        gate, checks, *_, payload = client.predict("春风", 7, False, 0, 0, 2026, ["vllm", "full"], False,
+        gate, checks, *_, payload = client.predict("春风", 7, False, 0, 0, 2026, ["vllm", "full"],
                                                    api_name="/couplet")
         assert "连不上 vLLM 服务" in checks and [p["mode"] for p in payload] == ["full"]
         assert payload[0]["upper"] in gate and "Traceback" not in checks
-        gate, checks, *_, payload = client.predict("春风", 7, False, 0, 0, 2026, ["vllm"], False, api_name="/couplet")
+        gate, checks, *_, payload = client.predict("春风", 7, False, 0, 0, 2026, ["vllm"], api_name="/couplet")
         assert "连不上 vLLM 服务" in gate and "连不上 vLLM 服务" in checks and payload == []
-        *_, payload = client.predict("春风", 7, False, 0, 0, 2026, ["full"], False, api_name="/couplet")
+        *_, payload = client.predict("春风", 7, False, 0, 0, 2026, ["full"], api_name="/couplet")
         assert [p["mode"] for p in payload] == ["full"] and len(payload[0]["upper"]) == 7
     finally:
         demo.close()

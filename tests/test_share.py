@@ -6,15 +6,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
-from couplet.page.share import (
-    DEFAULT_BEST,
-    DEFAULT_MODES,
-    DEFAULT_TEMPERATURE,
-    MAX_VALUE_CHARS,
-    ShareLink,
-    parse_query,
-    share_url,
-)
+from couplet.page.share import DEFAULT_MODES, DEFAULT_TEMPERATURE, MAX_VALUE_CHARS, ShareLink, parse_query, share_url
 from couplet.writing.calendar import DEFAULT_YEAR
 
 
@@ -29,19 +21,9 @@ def test_a_link_round_trips_every_field():
     assert (back.task, back.keywords, back.length, back.acrostic, back.temperature, back.seed, back.year,
             back.modes, back.best) == ("keywords", "龙马精神", 5, True, 0.8, 3, 2031, ["full", "int8"], True)
     assert back.notes == [] and back.error == ""
-    duixia = roundtrip(ShareLink("duixia", upper="春风送暖千家福", seed=7, best=False))
+    duixia = roundtrip(ShareLink("duixia", upper="春风送暖千家福", seed=7))
     assert (duixia.task, duixia.upper, duixia.seed, duixia.best) == ("duixia", "春风送暖千家福", 7, False)
-
-
-def test_the_page_ticks_best_of_but_a_link_without_it_writes_one_draft_as_it_did():
-    """择优 is ticked when the page opens (a link without a couplet too), and every new link says best=0 or 1; a
-    couplet's link without `best` was made while the box was off by default, so it writes one draft again."""
-    assert DEFAULT_BEST and ShareLink().best and parse_query({}).best and parse_query({"seed": "3"}).best
-    assert "best=1" in ShareLink("duixia", upper="春风送暖千家福").query()
-    assert "best=0" in ShareLink("keywords", keywords="龙马精神", best=False).query()
-    for old in ({"kw": "龙马精神", "t": "0.45", "seed": "3"}, {"up": "春风送暖千家福", "seed": "7"}):
-        link = parse_query(old)
-        assert link.task and link.best is False and link.notes == []
+    assert "best" not in ShareLink("duixia", upper="春风送暖千家福").query()  # links made before 择优 read the same
 
 
 def test_the_url_keeps_han_characters_readable_and_drops_the_old_query():

@@ -37,10 +37,6 @@ DEFAULT_TEMPERATURE = 0.45
 # quantization, the staged combination); the other four are a tick away. Fewer modes, a faster first character
 # on two cores (docs/results/latency.md).
 DEFAULT_MODES = ("full", "selective", "int4", "combo")
-# 择优 ticked when the page opens: each mode writes four drafts in one batch and the doors open on the best one.
-# Sampled as the page samples, 对仗 0.730 → 0.809 on the dev list and 0.690 → 0.772 outside it, every other figure
-# within the targets; the doors open at 2.7 s instead of 1.3 s (docs/results/quality.md, "Best-of-N").
-DEFAULT_BEST = True
 KEYS = ("kw", "up", "len", "cang", "t", "seed", "year", "modes", "best")
 
 
@@ -57,7 +53,7 @@ class ShareLink:
     seed: int = 0
     year: int = DEFAULT_YEAR
     modes: list[str] = field(default_factory=lambda: list(DEFAULT_MODES))
-    best: bool = DEFAULT_BEST  # 择优: several drafts per mode, the best shown
+    best: bool = False  # 择优: several drafts per mode, the best shown
     notes: list[str] = field(default_factory=list)  # what was wrong with the link, in Chinese
     error: str = ""  # keywords / 上联 refused: nothing is written
 
@@ -68,7 +64,7 @@ class ShareLink:
         if self.task == "keywords":
             params |= {"len": str(self.length), "cang": "1" if self.acrostic else "0"}
         params |= {"t": f"{self.temperature:g}", "seed": str(self.seed), "year": str(self.year),
-                   "modes": ",".join(self.modes), "best": "1" if self.best else "0"}
+                   "modes": ",".join(self.modes)} | ({"best": "1"} if self.best else {})
         # Han characters stay as they are (an IRI: browsers and chat apps show 龙马精神, not %E9%BE%99…);
         # everything else is percent-encoded
         return "&".join(f"{k}={''.join(c if is_han(c) else quote(c, safe=',') for c in v)}"
@@ -139,9 +135,8 @@ def parse_query(params: Mapping[str, str]) -> ShareLink:
         link.seed = _number(raw["seed"], int, 0, MAX_SEED, "随机种子", 0, link.notes)
     if "year" in raw:
         link.year = _number(raw["year"], int, MIN_YEAR, MAX_YEAR, "年份", DEFAULT_YEAR, link.notes)
-    # a couplet's link without `best` was made while the box was off by default (until 2026-12-07): one draft
-    link.best = _flag(raw["best"], "择优", "不择优", link.notes) if "best" in raw else \
-        DEFAULT_BEST and not ("kw" in raw or "up" in raw)
+    if "best" in raw:
+        link.best = _flag(raw["best"], "择优", "不择优", link.notes)
     if "modes" in raw:
         try:
             link.modes = [m for m in MODES if m in parse_modes(raw["modes"])] or list(DEFAULT_MODES)

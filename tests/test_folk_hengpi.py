@@ -91,7 +91,15 @@ def test_the_hengpi_is_neither_the_keywords_nor_the_lines(embedded_lm, upper, lo
     hengpi.clear_cache()
     chosen = hengpi.choose_hengpi(embedded_lm, upper, lower, keywords)
     assert chosen in hengpi.phrases() and len(chosen) == 4
-    assert chosen != keywords and chosen not in upper and chosen not in lower
+    assert sorted(chosen) != sorted(keywords) and chosen not in upper and chosen not in lower
+
+
+def test_the_keywords_reordered_are_no_hengpi_either():
+    """燕舞莺歌 → 莺歌燕舞 over its couplet repeats the door's first four characters, only in another order."""
+    upper, lower = "春满梅花千里绿", "风吹柳絮万家红"
+    assert not hengpi.allowed("莺歌燕舞", upper, lower, keywords="燕舞莺歌")
+    assert not hengpi.allowed("莺歌燕舞", upper, lower, keywords="莺歌燕舞")
+    assert hengpi.allowed("莺歌燕舞", upper, lower, keywords="燕舞春风") and hengpi.allowed("莺歌燕舞", upper, lower)
 
 
 def test_a_zodiac_hengpi_only_over_a_couplet_that_names_its_animal(embedded_lm):

@@ -68,11 +68,13 @@ def voice_flags(results: list[CoupletResult]) -> dict[str, list[bool]]:
 
 
 def hengpi_report(results: list[CoupletResult]) -> dict[str, Any]:
-    """The 横批: how often it is the visitor's keywords verbatim or words of a line, how varied it is (the
-    most frequent one's share, and how many distinct ones)."""
+    """The 横批: how often it is the visitor's keywords verbatim, or reordered (燕舞莺歌 → 莺歌燕舞), or words of a
+    line, how varied it is (the most frequent one's share, and how many distinct ones)."""
     counts = Counter(r.hengpi for r in results)
     top, top_n = counts.most_common(1)[0] if counts else ("", 0)
     return {"hengpi_keywords_verbatim": mean(r.hengpi == r.keywords for r in results),
+            "hengpi_keywords_reordered": mean(r.hengpi != r.keywords and sorted(r.hengpi) == sorted(r.keywords)
+                                              for r in results),
             "hengpi_in_line": mean(r.hengpi in r.upper + r.lower for r in results),
             "hengpi_top": top, "hengpi_top_share": top_n / len(results) if results else 0.0,
             "hengpi_distinct": len(counts)}

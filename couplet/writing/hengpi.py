@@ -18,7 +18,7 @@ evicting or quantized mode it holds a different couplet context per mode, and th
 not depend on the mode that wrote it.
 
 Candidates: the curated phrases (`couplet.writing.phrases`) and the 横批 of the project's own 春联, minus the
-visitor's keywords verbatim, minus any phrase already in a line (a 横批 that repeats the door's words
+visitor's keywords in any order, minus any phrase already in a line (a 横批 that repeats the door's words
 adds nothing), and minus a phrase naming a zodiac animal that no line names. A shortlist is taken first:
 the phrases whose mean input embedding is closest to the couplet's, plus those sharing a character with it.
 Results are cached per couplet.
@@ -145,10 +145,11 @@ def _phrase_embeddings(lm: LoadedModel) -> torch.Tensor:
 
 
 def allowed(phrase: str, upper: str, lower: str, keywords: str = "") -> bool:
-    """Not the visitor's keywords verbatim, not words the couplet already says, and no zodiac animal the
-    couplet does not name: 狗年吉祥 over a couplet for any year would be wrong in eleven years of twelve."""
+    """Not the visitor's keywords in any order (虎跃龙腾 → 龙腾虎跃 repeats the door's first four characters as
+    surely as 虎跃龙腾 would), not words the couplet already says, and no zodiac animal the couplet does not name:
+    狗年吉祥 over a couplet for any year would be wrong in eleven years of twelve."""
     animals = _animals(phrase)
-    return (phrase != keywords and phrase not in upper and phrase not in lower
+    return (sorted(phrase) != sorted(keywords) and phrase not in upper and phrase not in lower
             and (not animals or bool(animals & _animals(upper + lower))))
 
 

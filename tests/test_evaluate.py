@@ -7,6 +7,7 @@ import pytest
 
 from couplet.bench.quality import EvalConfig, main, parse_args
 from couplet.kvcache import MODE_INFO, MODES, PrefixPool
+from couplet.page.share import DEFAULT_TEMPERATURE
 from couplet.serving.best_of import BestOf, best_of
 from couplet.serving.generate import CoupletRequest
 
@@ -34,7 +35,7 @@ def test_base_report_has_the_documented_keys(tiny_checkpoint, keyword_file, tmp_
     assert report["keyword_clash_rate"] == 0.0 and 0.0 <= report["parallelism_written"] <= 1.0
     assert {"upper", "lower", "hengpi", "checks"} <= set(report["samples"][0])
     sampled = report["sampled"]  # the same figures over the sampled couplets, a seed at a time
-    assert sampled["phrases"] == 3 and sampled["seeds"] == 2 and sampled["temperature"] == 0.8
+    assert sampled["phrases"] == 3 and sampled["seeds"] == 2 and sampled["temperature"] == DEFAULT_TEMPERATURE
     assert sampled["rule_pass_rate"] == 1.0 and 0.0 <= sampled["parallelism"] <= 1.0
     assert 0.5 <= sampled["distinct_per_phrase"] <= 1.0 and "template_repeat" in sampled
     json.dumps(report, ensure_ascii=False)

@@ -36,6 +36,7 @@ from couplet.events import CoupletResult
 from couplet.kvcache import MODE_INFO, MODES, PrefixPool, parse_modes, parse_settings
 from couplet.models.hub import ModelUnavailable, add_model_args
 from couplet.models.loading import LoadedModel, load_model
+from couplet.page.share import DEFAULT_TEMPERATURE
 from couplet.serving.best_of import BestOf, best_of
 from couplet.serving.generate import CoupletRequest, decode, generate, prepare
 from couplet.writing.lexicon import DEFAULT_VOICE, PLAIN_VOICE, VoiceConfig, lexicon_report
@@ -53,7 +54,7 @@ class EvalConfig:
     settings: list[str] = field(default_factory=list)
     length: int = 7
     seeds: int = 3
-    temperature: float = 0.8
+    temperature: float = DEFAULT_TEMPERATURE  # the sampled figures: the page's draw (it was 0.8 until 2026-12-07)
     top_p: float = 0.9
     dtype: str = "bfloat16"
     device: str | None = None
@@ -180,7 +181,7 @@ def steer_report(lm: LoadedModel, cfg: EvalConfig, phrases: list[str], pairs: li
 
 def write(lm: LoadedModel, request: CoupletRequest, cfg: EvalConfig, pool: PrefixPool) -> CoupletResult:
     """One phrase's couplet under `full`, as the harness is asked to write it: one draft, or the best of
-    `cfg.best_of` (greedy or sampled alike: the drafts sample at the request's own temperature, as on the page)."""
+    `cfg.best_of` (greedy or sampled alike; `best_of.draft_requests` says how the drafts sample, as on the page)."""
     if cfg.best_of == 1:
         return generate(lm, request, "full", pool, cfg.prompt, cfg.voice)
     return best_of(lm, request, BestOf(n=cfg.best_of), "full", pool, cfg.prompt, cfg.voice)
@@ -350,7 +351,8 @@ def parse_args(argv: list[str] | None = None) -> EvalConfig:
     p.add_argument("--set", dest="settings", action="append", default=[], metavar="MODE.FIELD=VALUE")
     p.add_argument("--length", type=int, choices=(5, 7), default=7)
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE,
+                   help="the sampled couplets' temperature (default: the page's)")
     p.add_argument("--top-p", type=float, default=0.9)
     add_model_args(p, dtype_default="bfloat16")
     p.add_argument("--sweep", action="store_true", help="sweep each mode's budget (slow)")

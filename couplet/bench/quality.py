@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from couplet.bench.agreement import Followed, agreement_report, follow
 from couplet.bench.figures import mean, sampled_report, voice_report, writing_report
 from couplet.bench.paired import paired_report
 from couplet.events import CoupletResult
@@ -38,7 +39,7 @@ from couplet.models.hub import ModelUnavailable, add_model_args
 from couplet.models.loading import LoadedModel, load_model
 from couplet.page.share import DEFAULT_TEMPERATURE
 from couplet.serving.best_of import BestOf, best_of
-from couplet.serving.generate import CoupletRequest, decode, generate, prepare
+from couplet.serving.generate import CoupletRequest, generate
 from couplet.writing.lexicon import DEFAULT_VOICE, PLAIN_VOICE, VoiceConfig, lexicon_report
 from couplet.writing.prompt import DEFAULT_PROMPT, HOUSE_COUPLETS, HouseCouplet, PromptConfig
 from couplet.writing.rules import parallelism
@@ -75,47 +76,6 @@ class EvalConfig:
 def read_lines(path: str) -> list[str]:
     with open(path, encoding="utf-8") as f:
         return [s for s in (line.strip() for line in f) if s and not s.startswith("#")]
-
-
-NEAR_TIE = 0.1  # nats: a greedy choice `full` made by less than this is a near tie (bf16 rounding flips them)
-
-
-@dataclass
-class Followed:
-    """(upper, lower) teacher-forced through one mode's cache."""
-
-    nll: float  # mean NLL per character
-    # per free choice (keywords aside): did this cache's greedy pick, given the followed history, equal the
-    # followed character; and the margin of that pick over its runner-up (nats)
-    agrees: list[bool]
-    margins: list[float]
-
-
-def follow(lm: LoadedModel, cfg: EvalConfig, request: CoupletRequest, mode: str, pool: PrefixPool,
-           upper: str, lower: str, options: dict[str, Any]) -> Followed:
-    """Teacher-force (upper, lower) through `mode`'s cache: its NLL and, at every free choice, its decision."""
-    prep = prepare(lm, request, cfg.prompt, cfg.voice)
-    logps, agrees, margins = [], [], []
-    for p in decode(lm, prep, mode, pool, follow=(upper, lower), **options):
-        if p.logprob is not None:
-            logps.append(p.logprob)
-        if p.decision is not None:
-            agrees.append(p.decision[0] == p.record.token)
-            margins.append(p.decision[1])
-    return Followed(-sum(logps) / len(logps), agrees, margins)
-
-
-def agreement_report(pairs: list[tuple[Followed, Followed]]) -> dict[str, Any]:
-    """Per phrase (the mode's run, `full`'s run), along `full`'s couplet: how often the mode would pick `full`'s
-    next character (per free choice, so one early flip does not count every later character), and how close
-    `full` itself was where it would not: `flips_near_tie` is the share of those flips at which `full`'s pick
-    led its runner-up by < NEAR_TIE nats."""
-    flips = [ref for m, f in pairs for ok, ref in zip(m.agrees, f.margins, strict=True) if not ok]
-    choices = sum(len(m.agrees) for m, _ in pairs)
-    return {"step_agreement": 1.0 - len(flips) / choices if choices else 1.0,
-            "flips": len(flips),
-            "flips_near_tie": mean(ref < NEAR_TIE for ref in flips) if flips else None,
-            "flip_margin_median": statistics.median(flips) if flips else None}
 
 
 def context_report(lm: LoadedModel, pairs: list[tuple[str, str]]) -> dict[str, float]:

@@ -32,7 +32,7 @@ def main() -> int:
     p.add_argument("--clients", type=int, default=64)
     p.add_argument("--modes", nargs="+", default=["full", "shared", "combo"])
     p.add_argument("--budget-mb", type=float, default=None, help="COUPLET_KV_BUDGET_MB for the app")
-    p.add_argument("--best", action="store_true", help="择优 ticked (the page's default): each mode writes 4 drafts")
+    p.add_argument("--best", action="store_true", help="择优 ticked (off on the page by default): 4 drafts per mode")
     args = p.parse_args()
     if args.budget_mb:
         os.environ["COUPLET_KV_BUDGET_MB"] = str(args.budget_mb)

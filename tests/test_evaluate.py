@@ -94,7 +94,7 @@ def test_sweep_writes_a_quality_versus_compression_plot(tiny_checkpoint, keyword
 def test_following_a_couplet_reports_the_greedy_decisions(tiny_checkpoint):
     """Teacher-forced along full's couplet, `full` picks every free character it followed; a cache that evicts
     most of the prompt picks otherwise somewhere exactly when its own greedy couplet differs from full's."""
-    from couplet.bench.quality import follow
+    from couplet.bench.agreement import follow
     from couplet.kvcache import PrefixPool
     from couplet.models.loading import load_model
     from couplet.serving.generate import CoupletRequest, generate

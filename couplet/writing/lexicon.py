@@ -28,7 +28,7 @@ TABOO = frozenset(
 )
 
 # 否定字：春联少用的否定词。软性扣分。
-NEGATION = frozenset("不无莫未勿非没休否弗罔")
+NEGATION = frozenset("不无莫未勿非没休否弗罔岂")  # 岂: the rhetorical "how could", a no in a question (岂宜人)
 
 # 萧瑟字：清冷、迟暮、离别之意，古诗常见而春联少见。软性扣分。
 MELANCHOLY = frozenset("空寒冷老暮晚别离散断落尽独倦凉萧瘦零迟漂泊")

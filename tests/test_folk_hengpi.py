@@ -145,3 +145,47 @@ def test_a_prior_whose_key_does_not_match_is_computed_instead(tiny_checkpoint, t
     hengpi.save_prior(lm)  # now keyed to these weights: a new process reads it back
     again = load_model(str(folder), device="cpu", dtype="float32")
     assert hengpi._prior(again) == json.loads((folder / hengpi.PRIOR_FILE).read_text(encoding="utf-8"))["prior"]
+
+
+def test_the_draft_checker_keeps_what_may_join_the_set_and_says_why_the_rest_may_not(tmp_path):
+    """scripts/folk_check.py, as the set's writers ran it: every rule of the first test, per draft row."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    drafts = tmp_path / "drafts.tsv"
+    drafts.write_text("\n".join([
+        "晶片精微开大业\t星河浩瀚展宏图\t科技兴邦\ttech",  # passes
+        "天增岁月人增寿\t春满乾坤福满门\t福满人间\tfolk",  # the house prefix shows it
+        "春风岂肯迎新岁\t瑞气盈门贺吉年\t吉庆有余\tfolk",  # 岂: a negation
+        "花开富贵千门喜\t竹报平安万户春\t花开富贵\tfolk",  # its 横批 is words of a line
+        "晶片精微开大业\t春光灿烂满家园\t锦绣前程\ttech",  # a line already drafted above
+        "梅开五福迎好运\t柳舞三春报佳音\t梅柳争春\tspring",  # shares 五福迎好 with the avoided file
+        "龙马奔腾春万里\t精神焕发福千家\t骏业宏开\tqianzi",  # opens on 龙马 / 精神, a listed phrase
+        "春风送暖千家乐\t紫气东来百业兴\t万象更新\tfolk",  # its 上联 is already in the set
+    ]) + "\n", encoding="utf-8")
+    the_set = tmp_path / "set.tsv"  # the set the drafts join (the shipped one by default)
+    the_set.write_text("upper\tlower\thengpi\ttheme\n春风送暖千家乐\t瑞雪迎新万户欢\t辞旧迎新\tfolk\n",
+                       encoding="utf-8")
+    listed = tmp_path / "phrases.txt"
+    listed.write_text("五谷丰登\n龙马精神\n", encoding="utf-8")
+    avoid = tmp_path / "measured.tsv"
+    avoid.write_text("瑞雪纷飞五福迎好运\t红梅傲立千门报新春\n", encoding="utf-8")
+    kept = tmp_path / "kept.tsv"
+    done = subprocess.run([sys.executable, "scripts/folk_check.py", str(drafts), "--keep", str(kept),
+                           "--set", str(the_set), "--avoid", str(avoid), "--avoid-phrases", str(listed)],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "8 drafts, 1 pass, 7 dropped" in done.stdout
+    for why in ("house prefix", "negation", "words of a line", "duplicate", "avoided:", "avoided phrase"):
+        assert why in done.stdout, (why, done.stdout)
+    assert "duplicate: 1" not in done.stdout and "duplicate: 2" in done.stdout  # one of the drafts, one of the set
+    assert "瑞雪纷飞" not in done.stdout  # the avoided file's lines are never printed
+    assert kept.read_text(encoding="utf-8").splitlines() == ["upper\tlower\thengpi\ttheme",
+                                                            "晶片精微开大业\t星河浩瀚展宏图\t科技兴邦\ttech"]
+    missing = subprocess.run([sys.executable, "scripts/folk_check.py", str(tmp_path / "absent.tsv")],
+                             cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and missing.stderr.strip().count("\n") == 0 and "no such file" in missing.stderr

@@ -11,8 +11,9 @@ Three lists, used in three places:
 - evaluation (`couplet.bench.quality`): `negation_rate`, `taboo_rate`, `gloom_rate` are shares of couplets that
   contain a character (or word) of the matching list.
 
-Defaults of the biases (`VoiceConfig`) follow the stage-1 measurement in DESIGN §7 (-3 negation penalty:
-87% -> 6% negation; +4 bonus: word salad); not yet swept on the stage-2 model.
+Defaults of the biases (`VoiceConfig`) began with the stage-1 measurement in DESIGN §7 (-3 negation penalty:
+87% -> 6% negation; +4 bonus: word salad) and were re-chosen for each shipped model on the phrases outside the
+dev list (`docs/model.md`).
 """
 
 from __future__ import annotations

@@ -29,13 +29,12 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from couplet.models.loading import EMBEDDED_MODEL
+from couplet.writing.constraints import COPY_RUN
+from couplet.writing.exemplars import EMBEDDED_TOKENIZER
 from couplet.writing.folk import FOLK, FolkCouplet, load_folk
 from couplet.writing.lexicon import has_negation, has_taboo, is_gloomy
 from couplet.writing.prompt import HOUSE_COUPLETS
 from couplet.writing.rules import check_couplet
-
-RUN = 4  # a run of this many characters shared with a line counts as borrowing it (as the page's copy figure)
 
 
 def read_rows(path: Path) -> list[FolkCouplet]:
@@ -50,7 +49,8 @@ def read_rows(path: Path) -> list[FolkCouplet]:
     return rows
 
 
-def runs(line: str, n: int = RUN) -> set[str]:
+def runs(line: str, n: int = COPY_RUN) -> set[str]:
+    """Every run of n characters: sharing one with a line is borrowing it (the page's decoding, the copy figure)."""
     return {line[i:i + n] for i in range(len(line) - n + 1)}
 
 
@@ -64,7 +64,7 @@ def avoided_runs(path: Path) -> set[str]:
 
 
 def vocabulary() -> set[str]:
-    tok = json.loads((EMBEDDED_MODEL / "tokenizer.json").read_text(encoding="utf-8"))
+    tok = json.loads(EMBEDDED_TOKENIZER.read_text(encoding="utf-8"))
     return set(tok["model"]["vocab"])
 
 

@@ -12,10 +12,11 @@ import torch
 from couplet.models.scoring import sequence_logprobs
 from couplet.models.tokenizer import FormatIds, char_ids, entry_ids
 from couplet.training.context import ContextSampler, ContextTrainConfig
+from couplet.training.context import parse_args as parse_context_args
 from couplet.training.corpus import Pair
 from couplet.writing import hengpi
 from couplet.writing.exemplars import load_store
-from couplet.writing.folk import FOLK, folk_lines, load_folk
+from couplet.writing.folk import FOLK, FOLK_ROUND2, folk_lines, load_folk
 from couplet.writing.lexicon import has_negation, has_taboo, is_gloomy
 from couplet.writing.prompt import HOUSE_COUPLETS
 from couplet.writing.rules import check_couplet
@@ -44,9 +45,10 @@ def _may_join_the_set(c, vocab) -> None:
 
 
 def test_the_second_round_passes_the_same_checks_and_repeats_no_line(embedded_lm):
-    """assets/folk/round2.tsv: training data kept apart from folk.tsv until a model trained on it ships."""
+    """assets/folk/round2.tsv: training data (the shipped model trained on it), kept apart from folk.tsv, which the
+    page reads (exemplars, 横批, the lines it may not borrow)."""
     shipped = load_folk()
-    second = load_folk(FOLK.with_name("round2.tsv"))
+    second = load_folk(FOLK_ROUND2)
     assert len(second) >= 1000
     lines = [line for c in (*shipped, *second) for line in (c.upper, c.lower)]
     assert len(set(lines)) == len(lines)  # no line twice, within the round or against the set
@@ -54,6 +56,23 @@ def test_the_second_round_passes_the_same_checks_and_repeats_no_line(embedded_lm
     for c in second:
         _may_join_the_set(c, embedded_lm.vocab)
     assert max(Counter(c.hengpi for c in (*shipped, *second)).values()) <= 4  # the cap holds once merged
+
+
+def test_training_reads_both_rounds_and_the_cli_can_leave_them_out(embedded_lm, tmp_path):
+    """The shipped model trained on both rounds; `--folk` names the files, none leaves the 春联 out."""
+    pairs = [Pair(u, lo, "lvshi_mid") for u, lo in list(load_store().shelves[7].pairs)[:50]]
+    house = {h.upper for h in HOUSE_COUPLETS}
+    both = [c for c in (*load_folk(), *load_folk(FOLK_ROUND2)) if c.upper not in house]
+
+    def folk_count(argv: list[str]) -> int:
+        cfg = parse_context_args(["--data", "unused.tsv.xz", *argv])
+        return ContextSampler(embedded_lm.tokenizer, pairs, load_store(), cfg, random.Random(0)).counts["folk"]
+
+    assert folk_count([]) == len(both) > 2000
+    assert folk_count(["--folk", str(FOLK)]) == len([c for c in load_folk() if c.upper not in house])
+    assert folk_count(["--folk"]) == 0
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        parse_context_args(["--data", "unused.tsv.xz", "--folk", str(tmp_path / "absent.tsv")])
 
 
 def test_folk_couplets_are_exemplars():

@@ -46,7 +46,7 @@ from couplet.models.tokenizer import FormatIds, entry_ids
 from couplet.training.corpus import Pair, is_heldout, read_pairs, sample_keywords
 from couplet.training.pairs import add_config_args, save
 from couplet.writing.exemplars import DEFAULT_K, ExemplarStore, load_store
-from couplet.writing.folk import FOLK, FolkCouplet, load_folk
+from couplet.writing.folk import FOLK, FOLK_ROUND2, FolkCouplet, load_folk
 from couplet.writing.lexicon import style_of
 from couplet.writing.prompt import HOUSE_COUPLETS, exemplar_ids, house_ids
 
@@ -78,7 +78,8 @@ class ContextTrainConfig:
     resume: bool = False
     limit_rows: int | None = None
     style_weights: dict[str, float] = field(default_factory=lambda: dict(STYLE_WEIGHTS))
-    folk: str = str(FOLK)  # the project's own 春联 with 横批 (`couplet.writing.folk`); "" leaves them out
+    # the project's own 春联 with 横批 (`couplet.writing.folk`), both rounds; () leaves them out
+    folk: tuple[str, ...] = (str(FOLK), str(FOLK_ROUND2))
     p_folk: float = 0.15  # share of targets drawn from them
     p_hengpi: float = 0.9  # share of their entries that end `<sep> 横批` (the rest end at the 下联)
 
@@ -89,6 +90,8 @@ class ContextTrainConfig:
             raise ValueError("p_house + p_bare must be in [0, 1]")
         if not (0 <= self.p_folk <= 1 and 0 <= self.p_hengpi <= 1):
             raise ValueError("p_folk and p_hengpi must be in [0, 1]")
+        if missing := [f for f in self.folk if not Path(f).is_file()]:
+            raise FileNotFoundError(f"--folk: no such file {missing[0]}")
 
 
 @dataclass
@@ -120,7 +123,7 @@ class ContextSampler:
         # the project's own 春联, but never one of the house prefix (the prompt shows those: learning to
         # write one after seeing it would teach copying)
         house = {h.upper for h in HOUSE_COUPLETS}
-        self.folk = [c for c in load_folk(cfg.folk) if c.upper not in house] if cfg.folk and cfg.p_folk else []
+        self.folk = [c for path in cfg.folk if cfg.p_folk for c in load_folk(path) if c.upper not in house]
         self.counts["folk"] = len(self.folk)
 
     def target(self) -> Pair:
@@ -303,11 +306,14 @@ def parse_args(argv: list[str] | None = None) -> ContextTrainConfig:
     defaults = ContextTrainConfig(data="")
     p.add_argument("--data", required=True, help="path to couplets_train.tsv.xz (read, never copied)")
     add_config_args(p, defaults, ("init", "out", "state", "minutes", "batch_size", "lr", "p_house", "p_bare",
-                                  "p_duixia", "folk", "p_folk", "p_hengpi", "warmup_frac", "device",
+                                  "p_duixia", "p_folk", "p_hengpi", "warmup_frac", "device",
                                   "eval_every_min", "save_every_min", "eval_pairs", "seed", "threads", "limit_rows"))
+    p.add_argument("--folk", nargs="*", default=list(defaults.folk), metavar="TSV",
+                   help="the project's 春联 to train on (default: both rounds of assets/folk); none leaves them out")
     p.add_argument("--resume", action="store_true")
     p.add_argument("--bf16", action="store_true")
-    return ContextTrainConfig(**vars(p.parse_args(argv)))
+    args = vars(p.parse_args(argv))
+    return ContextTrainConfig(**args | {"folk": tuple(args["folk"])})
 
 
 if __name__ == "__main__":

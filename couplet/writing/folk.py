@@ -15,6 +15,9 @@ from functools import lru_cache
 from pathlib import Path
 
 FOLK = Path(__file__).resolve().parents[2] / "assets" / "folk" / "folk.tsv"
+# The second round (assets/folk/README.md): training data only. The page reads `FOLK` alone (exemplars, 横批
+# candidates, the lines it may not borrow): merged there, its stock phrases came back in the couplets.
+FOLK_ROUND2 = FOLK.with_name("round2.tsv")
 
 
 @dataclass(frozen=True)

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from couplet.bench.figures import copies, template_repeat, voice_report
+from couplet.bench.figures import copies, round2_flags, template_repeat, voice_report
 from couplet.events import CoupletResult
 from couplet.models.tokenizer import prompt_ids
 from couplet.serving.generate import CoupletRequest, generate, prepare
 from couplet.training.corpus import Pair, is_heldout
 from couplet.writing.constraints import COPY_RUN, LineConstraints, copy_runs
 from couplet.writing.exemplars import MAX_PAIRS, STORE, load_store, read_store
-from couplet.writing.folk import load_folk
+from couplet.writing.folk import FOLK_ROUND2, load_folk
 from couplet.writing.lexicon import NEGATION, TABOO, VoiceConfig, is_gloomy, style_of
 from couplet.writing.placement import Placement
 from couplet.writing.prompt import HOUSE_COUPLETS, PromptConfig, build_context
@@ -189,6 +189,12 @@ def test_voice_figures_count_what_the_model_chose():
     assert copies(_result("春回大地千山秀", "丽日临窗百业兴"))  # a house line
     folk = load_folk()[0]  # a line of the project's own 春联: trained on, so a copy even when not in the prompt
     assert copies(_result(folk.upper, "丽日临窗百业兴"[: len(folk.upper)]))
+    # the second round is trained on but not banned: counted apart, as a recitation check, and not a copy
+    filler = "丽日临窗百业兴"
+    second = next(c for c in load_folk(FOLK_ROUND2) if not copies(_result(c.upper, filler[: len(c.upper)])))
+    recited = _result(second.upper, filler[: len(second.upper)])
+    assert round2_flags([recited, c]) == [True, False]
+    assert round2_flags([_result(second.upper, filler[: len(second.upper)], second.upper)]) == [False]  # keywords
 
 
 def test_store_readme_names_the_builder():

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
+from functools import lru_cache
 from typing import Any
 
 from couplet.events import CoupletResult
 from couplet.writing.constraints import COPY_RUN
-from couplet.writing.folk import folk_lines
+from couplet.writing.folk import FOLK_ROUND2, folk_lines, load_folk
 from couplet.writing.lexicon import NEGATION, TABOO, is_gloomy
 from couplet.writing.prompt import HOUSE_COUPLETS, HouseCouplet
 
@@ -39,6 +40,20 @@ def copies(r: CoupletResult, house: tuple[HouseCouplet, ...] = HOUSE_COUPLETS) -
     grams = set().union(*(_runs(line, "") for line in borrowed)) if borrowed else set()
     lines = (r.lower,) if r.checks.get("given_upper") else (r.upper, r.lower)
     return any(_runs(line, r.keywords) & grams for line in lines)
+
+
+@lru_cache(maxsize=1)
+def _round2_runs() -> frozenset[str]:
+    return frozenset().union(*(_runs(line, "") for c in load_folk(FOLK_ROUND2) for line in (c.upper, c.lower)))
+
+
+def round2_flags(results: list[CoupletResult]) -> list[bool]:
+    """Per couplet: does a line the model wrote share a run of 4+ characters with a line of the second round of
+    the project's 春联 (trained on, but not banned: `couplet.writing.folk.FOLK_ROUND2`)? A recitation check:
+    compare it with a model never trained on the round, since the voice shares its common runs."""
+    runs = _round2_runs()
+    return [any(_runs(line, r.keywords) & runs for line in ((r.lower,) if r.checks.get("given_upper")
+                                                              else (r.upper, r.lower))) for r in results]
 
 
 def template_flags(results: list[CoupletResult]) -> list[bool]:
@@ -93,7 +108,7 @@ def writing_report(results: list[CoupletResult]) -> dict[str, Any]:
             # halves face each other with one tone at a rhythm position (人工 / 智能), which no decoding mends
             "parallelism_written": mean(r.checks["parallelism"]["written"] for r in results),
             "keyword_clash_rate": mean(bool(r.checks["parallelism"]["given_clash"]) for r in results),
-            **voice_report(results), **hengpi_report(results)}
+            **voice_report(results), "round2_run_rate": mean(round2_flags(results)), **hengpi_report(results)}
 
 
 def sampled_report(sampled: list[list[CoupletResult]]) -> dict[str, Any]:

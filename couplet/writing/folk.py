@@ -15,8 +15,10 @@ from functools import lru_cache
 from pathlib import Path
 
 FOLK = Path(__file__).resolve().parents[2] / "assets" / "folk" / "folk.tsv"
-# The second round (assets/folk/README.md): training data only. The page reads `FOLK` alone (exemplars, 横批
-# candidates, the lines it may not borrow): merged there, its stock phrases came back in the couplets.
+# The second round (assets/folk/README.md): training data only. Exemplars, 横批 candidates and the banned lines
+# come from `FOLK` alone: among a keyword query's exemplars the round's stock phrases came back in the couplets,
+# its 横批 crowded the candidates, and banning its lines banned the voice's common runs (the shipped model shares
+# a run of 4 with one about as often as a model never trained on them: docs/model.md, stage 6).
 FOLK_ROUND2 = FOLK.with_name("round2.tsv")
 
 

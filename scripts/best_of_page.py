@@ -2,6 +2,8 @@
 one draft and with 择优 (best of 4), both under `shared` (lossless; the pool keeps the house prefix, as on the page).
 
     python scripts/best_of_page.py assets/outside_keywords.txt [--seeds 1 2] [--json DIR]
+    python scripts/best_of_page.py assets/dev_keywords.txt --seeds 1 --drafts 1 --model DIR --json OUT
+        # one draft only, another checkpoint (two models' page couplets for a blind read)
 
 `--json DIR` also writes each seed's couplets as DIR/one_seed{S}.json and DIR/best_seed{S}.json, in the shape of
 `python -m couplet.evaluate --json`'s samples, for `scripts/blind_read.py`.
@@ -28,13 +30,16 @@ def main() -> None:
     p.add_argument("keywords")
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     p.add_argument("--json", type=Path, default=None, help="a folder for each run's couplets")
+    p.add_argument("--drafts", type=int, nargs="+", default=[1, 4], choices=[1, 4],
+                   help="one draft, 择优 (best of 4), or both (the default)")
+    p.add_argument("--model", default=None, help="a checkpoint folder (default: the embedded model)")
     a = p.parse_args()
-    lm = load_model(None, "cpu", "float32")
+    lm = load_model(a.model, "cpu", "float32")
     phrases = read_lines(a.keywords)
     print("| seed | couplet | rules | 对仗 | template repeat | gloom | negation |")
     print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
     for seed in a.seeds:
-        for label, drafts in (("one draft", 1), ("择优, best of 4", 4)):
+        for label, drafts in [(label, n) for label, n in (("one draft", 1), ("择优, best of 4", 4)) if n in a.drafts]:
             pool = PrefixPool()
             results = []
             for kw in phrases:

@@ -4,9 +4,11 @@
 #   bash scripts/train_gpu.sh [OUT_DIR]          # default $OUT, else runs/train_gpu
 # TRAIN_GPU_FROM=scratch (the default): a new model of the wider shape the ablations favour (TRAIN_GPU_PRESET,
 #   default wide4: 4 layers x 320), stage 1 (`couplet.training.pairs`, the corpus pairs) for 40% of the minutes,
-#   then the long prompt with the project's own 春联 and their 横批 (`couplet.training.context`) for the rest.
-#   Two continuations of the shipped model on CPU (docs/model.md, stages 4 and 5) made it worse; this is the
-#   run that can only be done with a GPU's compute. Its KV geometry differs from the shipped model's.
+#   then the long prompt with the project's own 春联 and their 横批 (`couplet.training.context`) for the rest:
+#   both rounds, assets/folk/folk.tsv and round2.tsv (`--folk`'s default since 2026-12-08).
+#   On CPU, two continuations of the stage-3 model made it worse (docs/model.md, stages 4 and 5) and a third,
+#   with the 春联 tripled, is the model shipped now (stage 6); a new, wider shape from scratch is the run that
+#   needs a GPU's compute. Its KV geometry differs from the shipped model's.
 # TRAIN_GPU_FROM=continue: the long-prompt stage only, continued from assets/model (the shipped shape).
 # The corpus is read by path: $DATA, else ../shared/data/couplets_train.tsv.xz, else
 # checkpoints/data/couplets_train.tsv.xz (git-ignored: copy it there and carry it to a device machine).

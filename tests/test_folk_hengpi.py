@@ -73,6 +73,10 @@ def test_training_reads_both_rounds_and_the_cli_can_leave_them_out(embedded_lm, 
     assert folk_count(["--folk"]) == 0
     with pytest.raises(FileNotFoundError, match="no such file"):
         parse_context_args(["--data", "unused.tsv.xz", "--folk", str(tmp_path / "absent.tsv")])
+    absent_unread = parse_context_args(["--data", "x", "--p-folk", "0", "--folk", str(tmp_path / "absent.tsv")])
+    assert absent_unread.p_folk == 0  # a file that is never read need not exist
+    assert ContextTrainConfig(data="", folk="").folk == () and ContextTrainConfig(data="", folk=str(FOLK)).folk == (
+        str(FOLK),)  # the field's older form, one path as a string
 
 
 def test_folk_couplets_are_exemplars():

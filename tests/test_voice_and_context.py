@@ -191,10 +191,13 @@ def test_voice_figures_count_what_the_model_chose():
     assert copies(_result(folk.upper, "丽日临窗百业兴"[: len(folk.upper)]))
     # the second round is trained on but not banned: counted apart, as a recitation check, and not a copy
     filler = "丽日临窗百业兴"
-    second = next(c for c in load_folk(FOLK_ROUND2) if not copies(_result(c.upper, filler[: len(c.upper)])))
+    second = next(row for row in load_folk(FOLK_ROUND2) if not copies(_result(row.upper, filler[: len(row.upper)])))
     recited = _result(second.upper, filler[: len(second.upper)])
     assert round2_flags([recited, c]) == [True, False]
     assert round2_flags([_result(second.upper, filler[: len(second.upper)], second.upper)]) == [False]  # keywords
+    given = _result(second.upper, filler[: len(second.upper)])  # 对下联: the visitor's 上联 is not the model's
+    given.checks["given_upper"] = True
+    assert round2_flags([given]) == [False]
 
 
 def test_store_readme_names_the_builder():

@@ -90,7 +90,9 @@ class ContextTrainConfig:
             raise ValueError("p_house + p_bare must be in [0, 1]")
         if not (0 <= self.p_folk <= 1 and 0 <= self.p_hengpi <= 1):
             raise ValueError("p_folk and p_hengpi must be in [0, 1]")
-        if missing := [f for f in self.folk if not Path(f).is_file()]:
+        # a single path (the field was one string before 2026-12-08) is one file; "" names none
+        self.folk = tuple(f for f in ((self.folk,) if isinstance(self.folk, str) else self.folk) if f)
+        if self.p_folk and (missing := [f for f in self.folk if not Path(f).is_file()]):
             raise FileNotFoundError(f"--folk: no such file {missing[0]}")
 
 
@@ -310,7 +312,9 @@ def parse_args(argv: list[str] | None = None) -> ContextTrainConfig:
                                   "eval_every_min", "save_every_min", "eval_pairs", "seed", "threads", "limit_rows"))
     p.add_argument("--folk", nargs="*", default=list(defaults.folk), metavar="TSV",
                    help="the project's 春联 to train on (default: both rounds of assets/folk); none leaves them out")
-    p.add_argument("--resume", action="store_true")
+    p.add_argument("--resume", action="store_true",
+                   help="continue --state; give the run's own options again (--folk included: the state does not "
+                        "hold them, and the default is both rounds since 2026-12-08)")
     p.add_argument("--bf16", action="store_true")
     args = vars(p.parse_args(argv))
     return ContextTrainConfig(**args | {"folk": tuple(args["folk"])})

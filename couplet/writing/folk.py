@@ -17,8 +17,8 @@ from pathlib import Path
 FOLK = Path(__file__).resolve().parents[2] / "assets" / "folk" / "folk.tsv"
 # The second round (assets/folk/README.md): training data only. Exemplars, 横批 candidates and the banned lines
 # come from `FOLK` alone: among a keyword query's exemplars the round's stock phrases came back in the couplets,
-# its 横批 crowded the candidates, and banning its lines banned the voice's common runs (the shipped model shares
-# a run of 4 with one about as often as a model never trained on them: docs/model.md, stage 6).
+# its 横批 crowded the candidates, and banning its lines banned the voice's common runs (the shipped model shares a
+# run of 4 with one not much more often than a model never trained on them: docs/results/quality.md, stage 6).
 FOLK_ROUND2 = FOLK.with_name("round2.tsv")
 
 
@@ -30,10 +30,13 @@ class FolkCouplet:
     theme: str
 
 
-@lru_cache(maxsize=2)
 def load_folk(path: str | Path = FOLK) -> tuple[FolkCouplet, ...]:
     """The set's rows (`upper lower hengpi theme`, header line); empty when the file is absent."""
-    path = Path(path)
+    return _load_folk(Path(path).resolve())  # one cache entry per file, however its path is spelled
+
+
+@lru_cache(maxsize=4)
+def _load_folk(path: Path) -> tuple[FolkCouplet, ...]:
     if not path.exists():
         return ()
     with path.open(encoding="utf-8", newline="") as f:

@@ -12,8 +12,8 @@ Three lists, used in three places:
   contain a character (or word) of the matching list.
 
 Defaults of the biases (`VoiceConfig`) began with the stage-1 measurement in DESIGN §7 (-3 negation penalty:
-87% -> 6% negation; +4 bonus: word salad) and were re-chosen for each shipped model on the phrases outside the
-dev list (`docs/model.md`).
+87% -> 6% negation; +4 bonus: word salad) and were re-chosen for stages 2 and 3 on the phrases outside the dev
+list, then checked and kept for stage 6 (`docs/model.md`).
 """
 
 from __future__ import annotations

@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import sys
 from collections import Counter
 from pathlib import Path
 
-from couplet.writing.constraints import COPY_RUN
-from couplet.writing.exemplars import EMBEDDED_TOKENIZER
+from couplet.bench.figures import runs
+from couplet.writing.exemplars import vocabulary_of
 from couplet.writing.folk import FOLK, FolkCouplet, load_folk
 from couplet.writing.lexicon import has_negation, has_taboo, is_gloomy
 from couplet.writing.prompt import HOUSE_COUPLETS
@@ -49,11 +48,6 @@ def read_rows(path: Path) -> list[FolkCouplet]:
     return rows
 
 
-def runs(line: str, n: int = COPY_RUN) -> set[str]:
-    """Every run of n characters: sharing one with a line is borrowing it (the page's decoding, the copy figure)."""
-    return {line[i:i + n] for i in range(len(line) - n + 1)}
-
-
 def avoided_runs(path: Path) -> set[str]:
     out: set[str] = set()
     with path.open(encoding="utf-8", newline="") as f:
@@ -61,11 +55,6 @@ def avoided_runs(path: Path) -> set[str]:
             for line in fields[:2]:
                 out |= runs(line.strip())
     return out
-
-
-def vocabulary() -> set[str]:
-    tok = json.loads(EMBEDDED_TOKENIZER.read_text(encoding="utf-8"))
-    return set(tok["model"]["vocab"])
 
 
 def problems(c: FolkCouplet, vocab: set[str], house: set[str]) -> list[str]:
@@ -110,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"folk_check: no such file: {path}", file=sys.stderr)
             return 2
 
-    vocab = vocabulary()
+    vocab = vocabulary_of()
     house = {line for h in HOUSE_COUPLETS for line in (h.upper, h.lower)}
     shipped = load_folk(args.set)
     seen_lines = {line for c in shipped for line in (c.upper, c.lower)}

@@ -23,13 +23,19 @@ def mean(values) -> float:
 
 def chosen_text(r: CoupletResult) -> str:
     """The characters the model chose: both lines minus the keywords (and minus a given 上联)."""
-    lines = r.lower if r.checks.get("given_upper") else r.upper + r.lower
+    lines = "".join(written_lines(r))
     return "".join(c for c in lines if c not in r.keywords)
 
 
-def _runs(line: str, keywords: str, n: int = COPY_RUN) -> set[str]:
-    """Runs of n characters of `line` that are not made of keyword characters only."""
+def runs(line: str, keywords: str = "", n: int = COPY_RUN) -> set[str]:
+    """Runs of n characters of `line` that are not made of keyword characters only: sharing one with a line is
+    borrowing it (the page's decoding bans the same runs, `couplet.writing.constraints.copy_runs`)."""
     return {line[i : i + n] for i in range(len(line) - n + 1) if any(c not in keywords for c in line[i : i + n])}
+
+
+def written_lines(r: CoupletResult) -> tuple[str, ...]:
+    """The lines the model wrote: both, or the 下联 alone where the visitor gave the 上联 (对下联)."""
+    return (r.lower,) if r.checks.get("given_upper") else (r.upper, r.lower)
 
 
 def copies(r: CoupletResult, house: tuple[HouseCouplet, ...] = HOUSE_COUPLETS) -> bool:
@@ -37,33 +43,31 @@ def copies(r: CoupletResult, house: tuple[HouseCouplet, ...] = HOUSE_COUPLETS) -
     line of the project's own 春联 (`couplet.writing.folk`: trained on, so it could be recited)?"""
     borrowed = [line for pair in r.exemplars for line in pair] + \
         [line for h in house for line in (h.upper, h.lower)] + list(folk_lines())
-    grams = set().union(*(_runs(line, "") for line in borrowed)) if borrowed else set()
-    lines = (r.lower,) if r.checks.get("given_upper") else (r.upper, r.lower)
-    return any(_runs(line, r.keywords) & grams for line in lines)
+    grams = set().union(*(runs(line) for line in borrowed)) if borrowed else set()
+    return any(runs(line, r.keywords) & grams for line in written_lines(r))
 
 
 @lru_cache(maxsize=1)
 def _round2_runs() -> frozenset[str]:
-    return frozenset().union(*(_runs(line, "") for c in load_folk(FOLK_ROUND2) for line in (c.upper, c.lower)))
+    return frozenset().union(*(runs(line) for c in load_folk(FOLK_ROUND2) for line in (c.upper, c.lower)))
 
 
 def round2_flags(results: list[CoupletResult]) -> list[bool]:
     """Per couplet: does a line the model wrote share a run of 4+ characters with a line of the second round of
     the project's 春联 (trained on, but not banned: `couplet.writing.folk.FOLK_ROUND2`)? A recitation check:
     compare it with a model never trained on the round, since the voice shares its common runs."""
-    runs = _round2_runs()
-    return [any(_runs(line, r.keywords) & runs for line in ((r.lower,) if r.checks.get("given_upper")
-                                                              else (r.upper, r.lower))) for r in results]
+    trained = _round2_runs()
+    return [any(runs(line, r.keywords) & trained for line in written_lines(r)) for r in results]
 
 
 def template_flags(results: list[CoupletResult]) -> list[bool]:
     """Per couplet: does it share a run of 4+ characters with another phrase's couplet, keyword runs aside?"""
-    runs = [_runs(r.upper, r.keywords) | _runs(r.lower, r.keywords) for r in results]
+    per_couplet = [runs(r.upper, r.keywords) | runs(r.lower, r.keywords) for r in results]
     seen: dict[str, int] = {}
-    for grams in runs:
+    for grams in per_couplet:
         for g in grams:
             seen[g] = seen.get(g, 0) + 1
-    return [any(seen[g] > 1 for g in grams) for grams in runs]
+    return [any(seen[g] > 1 for g in grams) for grams in per_couplet]
 
 
 def template_repeat(results: list[CoupletResult]) -> float:

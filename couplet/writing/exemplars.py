@@ -137,11 +137,16 @@ def load_store(path: str | Path = STORE) -> ExemplarStore:
     return ExemplarStore(read_store(path) + house, house)
 
 
+def vocabulary_of(tokenizer: str | Path = EMBEDDED_TOKENIZER) -> set[str]:
+    """The characters of a tokenizer.json (the embedded model's by default): what the model and the page's font know."""
+    return set(json.loads(Path(tokenizer).read_text(encoding="utf-8"))["model"]["vocab"])
+
+
 def build_store(data: str, out: str | Path = STORE, limit: int = MAX_PAIRS,
                 vocab: str | Path | None = EMBEDDED_TOKENIZER) -> dict[str, int]:
     """Select the store from the corpus: lvshi_mid, not held out, festive or plain, every character in the
     model's vocabulary (so the page's font and the model both know it); festive first."""
-    known = set(json.loads(Path(vocab).read_text(encoding="utf-8"))["model"]["vocab"]) if vocab else None
+    known = vocabulary_of(vocab) if vocab else None
     counts: dict[str, int] = defaultdict(int)
     chosen: list[tuple[int, str, str]] = []
     for pair in read_pairs(data):
